@@ -1,0 +1,39 @@
+"""The add stage and the AVG finish, in torch ops.
+
+``add`` folds the M-1 rows received in `collect` into this machine's own row.
+16-bit floats accumulate in fp32 and round once, so the result does not depend on
+the order in which machines' partials arrive. AVG divides the exact sum once, at the
+end (dividing by N exactly keeps small-integer averages exact; multiplying by 1/N
+would not for N = 3, 6, ...); integer AVG truncates toward zero, as NCCL's does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def add(own: torch.Tensor, rows: torch.Tensor, op: str, world_size: int) -> None:
+    """Unpipelined meaning: ``own[:] = reduce(op, [own, *rows])``, AVG divided by N."""
+    if op == "max":
+        torch.maximum(own, rows.amax(dim=0), out=own)
+    elif op == "min":
+        torch.minimum(own, rows.amin(dim=0), out=own)
+    elif own.dtype in _WIDE:
+        acc = rows.sum(dim=0, dtype=_WIDE[own.dtype]).add_(own)
+        if op == "avg":
+            acc.div_(world_size)
+        own.copy_(acc)
+    else:
+        own.add_(rows.sum(dim=0))
+        if op == "avg":
+            finish_average(own, world_size)
+
+
+def finish_average(t: torch.Tensor, world_size: int) -> None:
+    """Turn an all-reduced sum into the average in place."""
+    if t.is_floating_point():
+        t.div_(world_size)
+    else:
+        torch.div(t, world_size, rounding_mode="trunc", out=t)

@@ -1,0 +1,350 @@
+"""All-reduce bandwidth of ringreduce against the process group's own all-reduce
+(NCCL on GPUs, gloo on CPU), in the same run, nccl-tests style.
+
+    python -m ringreduce.bench                           # no launcher: 4 CPU processes,
+                                                         # 2 virtual machines x 2 devices
+    torchrun --nproc-per-node 8 -m ringreduce.bench -b 1M -e 256M
+    mpirun -np 16 python -m ringreduce.bench --link-gbit 100 --json out.json
+
+Per size and round, ringreduce's timed loop runs, then the reference's, on the same
+buffers (interleaved, so drift in the network or clocks hits both alike). A round's
+time is the slowest rank's (the collective ends when its last rank does); the row
+shows the median over rounds. Checked iterations (-c) run outside the timed loops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import ringreduce
+from ringreduce.launch import Launch, default_nprocs, detect, nccl_variables, run_ranks
+
+OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG,
+       "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+DTYPES = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16,
+          "double": torch.float64, "int32": torch.int32, "int64": torch.int64}
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}  # nccl-tests: powers of 1024
+
+Reduce = Callable[[list[torch.Tensor]], None]
+
+
+def parse_size(text: str) -> int:
+    """``64M`` -> 67108864, like nccl-tests' -b/-e."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", text, re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"size {text!r}: expected an integer with an optional K, M or G suffix, e.g. 64M")
+    return int(match[1]) * _UNITS[match[2].upper()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ringreduce.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = p.add_argument
+    add("-b", "--minbytes", type=parse_size, help="smallest size (default 1M on GPU, 1K on CPU)")
+    add("-e", "--maxbytes", type=parse_size, help="largest size (default 256M on GPU, 4M on CPU)")
+    add("-f", "--stepfactor", type=int, default=2, help="size multiplier between rows")
+    add("-n", "--iters", type=int, default=20, help="timed iterations per round")
+    add("-w", "--warmup_iters", type=int, default=5)
+    add("-r", "--rounds", type=int, default=5, help="interleaved rounds; the median is shown")
+    add("-c", "--check", type=int, default=1,
+        help="checked (untimed, exact) iterations per round and implementation; 0: none")
+    add("-d", "--datatype", choices=DTYPES, default="float")
+    add("-o", "--op", choices=OPS, default="sum")
+    add("--machines", type=int, help="virtual machines (contiguous ranks); default: detect")
+    add("--slice-bytes", type=parse_size)
+    add("--staging-bytes", type=parse_size)
+    add("--min-bytes", type=parse_size)
+    add("--buckets", type=int, default=1, help="back-to-back async all-reduces per iteration")
+    add("--link-gbit", type=float, help="per-machine link speed, for link efficiency")
+    add("--json", help="write {meta, rows} here")
+    add("--plot", help="write a busbw-vs-size PNG here (needs matplotlib)")
+    add("--nprocs", type=int, help="processes to spawn without a launcher (default 4 on CPU)")
+    return p
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    """What every measurement needs; built once per process."""
+
+    args: argparse.Namespace
+    comm: ringreduce.Communicator
+    launch: Launch
+    backend: str
+    device: torch.device
+    dtype: torch.dtype
+    op: dist.ReduceOp
+
+
+def sweep(args: argparse.Namespace, cuda: bool) -> list[int]:
+    """Sizes from -b to -e. The CPU default stays small: gloo on two cores moves
+    ~100 MB/s, so the whole default run takes seconds, not minutes."""
+    lo = args.minbytes or (1 << 20 if cuda else 1 << 10)
+    hi = args.maxbytes or (256 << 20 if cuda else 4 << 20)
+    if args.stepfactor < 2 or lo < 1 or hi < lo:
+        raise ValueError(f"-b {lo} -e {hi} -f {args.stepfactor}: need 1 <= b <= e and f >= 2")
+    sizes = [lo]
+    while sizes[-1] * args.stepfactor <= hi:
+        sizes.append(sizes[-1] * args.stepfactor)
+    return sizes
+
+
+def inputs(count: int, rank: int, b: Bench) -> torch.Tensor:
+    """Rank r, element i: ((i + r) % 7) - 3. Sums over n ranks stay within 3n, exact
+    in fp16 up to n = 682 and in bf16 up to n = 85, so results compare bit for bit."""
+    i = torch.arange(count, device=b.device)
+    return ((i + rank) % 7 - 3).to(b.dtype)
+
+
+def expected(count: int, b: Bench) -> torch.Tensor:
+    """The all-reduce of every rank's inputs, computed locally in float64. Element i
+    depends only on i % 7, so a 7-entry table indexed by i % 7 gives all of it."""
+    n = b.launch.world_size
+    table = (torch.arange(7, dtype=torch.float64)[:, None] + torch.arange(n)[None, :]) % 7 - 3
+    op = b.args.op
+    col = table.amax(1) if op == "max" else table.amin(1) if op == "min" else table.sum(1)
+    if op == "avg":
+        col = col / n if b.dtype.is_floating_point else torch.trunc(col / n)
+    return col[torch.arange(count) % 7].to(b.dtype).to(b.device)
+
+
+def tolerance(b: Bench) -> float:
+    """0 (exact) except float AVG over a world that is not a power of two: x / n
+    is not representable there, and NCCL pre-multiplies by 1/n before summing."""
+    n = b.launch.world_size
+    if b.args.op != "avg" or not b.dtype.is_floating_point or n & (n - 1) == 0:
+        return 0.0
+    return 4 * torch.finfo(b.dtype).eps
+
+
+def ringreduce_fn(b: Bench) -> Reduce:
+    def run(bufs: list[torch.Tensor]) -> None:
+        if len(bufs) == 1:
+            b.comm.all_reduce(bufs[0], op=b.op)
+            return
+        futures = [b.comm.all_reduce(t, op=b.op, async_op=True) for t in bufs]
+        for future in futures:
+            future.wait()
+    return run
+
+
+def reference_fn(b: Bench) -> Reduce:
+    """dist.all_reduce on the same group. gloo has no AVG, so on gloo the reference
+    is SUM then a divide (trunc for ints, as NCCL does): a documented stand-in."""
+    emulate_avg = b.args.op == "avg" and b.backend != "nccl"
+    op = dist.ReduceOp.SUM if emulate_avg else b.op
+
+    def run(bufs: list[torch.Tensor]) -> None:
+        works = [dist.all_reduce(t, op=op, async_op=True) for t in bufs]
+        for work in works:
+            work.wait()
+        if emulate_avg:
+            n = b.launch.world_size
+            for t in bufs:
+                t.div_(n, rounding_mode=None if t.is_floating_point() else "trunc")
+    return run
+
+
+def time_loop(reduce: Reduce, bufs: list[torch.Tensor], iters: int, cuda: bool) -> float:
+    """Seconds per iteration of ``iters`` back-to-back calls. CUDA events time the
+    device work only; the barrier first keeps one late rank from being timed."""
+    dist.barrier()
+    if not cuda:
+        start = time.perf_counter()
+        for _ in range(iters):
+            reduce(bufs)
+        return (time.perf_counter() - start) / iters
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(iters):
+        reduce(bufs)
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3 / iters
+
+
+def check_loop(reduce: Reduce, bufs: list[torch.Tensor], pattern: torch.Tensor,
+               want: torch.Tensor, iters: int, tol: float) -> int:
+    """Wrong elements over ``iters`` calls, re-initialising the inputs each time
+    (the all-reduce is in place)."""
+    wrong = 0
+    for _ in range(iters):
+        for t in bufs:
+            t.copy_(pattern)
+        reduce(bufs)
+        for t in bufs:
+            ok = t == want if tol == 0 else torch.isclose(t.double(), want.double(),
+                                                          rtol=tol, atol=tol)
+            wrong += int((~ok).sum())
+    return wrong
+
+
+def measure(b: Bench, size: int) -> dict[str, Any]:
+    """One row: both implementations, interleaved over rounds."""
+    a, cuda = b.args, b.device.type == "cuda"
+    count = size // torch.empty((), dtype=b.dtype).element_size()
+    pattern, want, tol = inputs(count, b.launch.rank, b), expected(count, b), tolerance(b)
+    bufs = [pattern.clone() for _ in range(a.buckets)]
+    impls = (ringreduce_fn(b), reference_fn(b))
+    for reduce in impls:
+        for _ in range(a.warmup_iters):
+            reduce(bufs)
+    times = torch.zeros(2, a.rounds, dtype=torch.float64)
+    wrong = torch.zeros(2, dtype=torch.int64)
+    for r in range(a.rounds):
+        for i, reduce in enumerate(impls):
+            wrong[i] += check_loop(reduce, bufs, pattern, want, a.check, tol)
+            for t in bufs:
+                t.copy_(pattern)  # keep SUM from overflowing to inf/NaN while timed
+            times[i, r] = time_loop(reduce, bufs, a.iters, cuda)
+    times, wrong = times.to(b.device), wrong.to(b.device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    dist.all_reduce(wrong, op=dist.ReduceOp.SUM)
+    median = times.cpu().median(dim=1).values.tolist()
+    return make_row(b, count, median, wrong.tolist())
+
+
+def make_row(b: Bench, count: int, seconds: list[float], wrong: list[int]) -> dict[str, Any]:
+    """nccl-tests figures; with --buckets K, one iteration moves K * size bytes."""
+    a, n = b.args, b.launch.world_size
+    size = count * torch.empty((), dtype=b.dtype).element_size()
+    row: dict[str, Any] = {"size": size, "count": count, "type": a.datatype,
+                           "redop": a.op, "buckets": a.buckets}
+    t_min = link_bound(size * a.buckets, b.comm.topology.machines, a.link_gbit)
+    for name, sec, bad in zip(("rr", "ref"), seconds, wrong, strict=True):
+        algbw = size * a.buckets / sec / 1e9
+        row |= {f"{name}_time_us": sec * 1e6, f"{name}_algbw": algbw,
+                f"{name}_busbw": algbw * 2 * (n - 1) / n, f"{name}_wrong": bad}
+        if a.link_gbit:
+            row[f"{name}_link_eff"] = t_min / sec if t_min else None
+    row["ratio"] = seconds[1] / seconds[0]
+    return row
+
+
+def link_bound(total_bytes: int, machines: int, link_gbit: float | None) -> float | None:
+    """T_min = 2S(M-1)/(M*B): each machine must send (and receive) 2S(M-1)/M bytes
+    over its own link of B bytes/s. None without --link-gbit or with one machine."""
+    if not link_gbit or machines < 2:
+        return None
+    return 2 * total_bytes * (machines - 1) / (machines * link_gbit * 1e9 / 8)
+
+
+def header(b: Bench) -> str:
+    a, topo = b.args, b.comm.topology
+    ref = b.backend + ("(sum+div)" if a.op == "avg" and b.backend != "nccl" else "")
+    eff = f"  {'eff rr':>6} {'eff ref':>7}" if a.link_gbit else ""
+    return "\n".join([
+        f"# ringreduce.bench  world {b.launch.world_size} = {topo.machines} machines x "
+        + f"{topo.devices_per_machine} devices  launcher {b.launch.launcher}",
+        f"# {a.datatype} {a.op}  buckets {a.buckets}  iters {a.iters}  warmup {a.warmup_iters}"
+        + f"  rounds {a.rounds}  check {a.check}  link {a.link_gbit} Gbit/s",
+        f"# ringreduce: {b.comm.describe()}",
+        f"# NCCL env: {' '.join(f'{k}={v}' for k, v in nccl_variables().items()) or '(none)'}",
+        f"#{'':>39}  {'ringreduce':<35}  {ref:<35}",
+        f"#{'size':>11} {'count':>12} {'type':>8} {'redop':>6}"
+        + f"  {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>7}" * 2
+        + f"  {'ratio':>6}{eff}",
+    ])
+
+
+def format_row(row: dict[str, Any]) -> str:
+    text = f"{row['size']:>12} {row['count']:>12} {row['type']:>8} {row['redop']:>6}"
+    for name in ("rr", "ref"):
+        text += (f"  {row[f'{name}_time_us']:>10.1f} {row[f'{name}_algbw']:>7.2f}"
+                 f" {row[f'{name}_busbw']:>7.2f} {row[f'{name}_wrong']:>7}")
+    text += f"  {row['ratio']:>6.2f}"
+    if "rr_link_eff" in row:
+        text += "".join(f"  {'n/a' if e is None else f'{e:.2f}':>6}"
+                        for e in (row["rr_link_eff"], row["ref_link_eff"]))
+    return text
+
+
+def run_sweep(b: Bench) -> list[dict[str, Any]]:
+    """Measure every size; rank 0 prints each row as soon as it exists."""
+    leader = b.launch.rank == 0
+    if leader:
+        print(header(b), flush=True)
+    rows = []
+    for size in sweep(b.args, b.device.type == "cuda"):
+        if size < torch.empty((), dtype=b.dtype).element_size():
+            continue
+        rows.append(measure(b, size))
+        if leader:
+            print(format_row(rows[-1]), flush=True)
+    if leader:
+        write_outputs(b, rows)
+    return rows
+
+
+def write_outputs(b: Bench, rows: list[dict[str, Any]]) -> None:
+    topo, a = b.comm.topology, b.args
+    meta = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "argv": sys.argv, "torch": torch.__version__, "backend": b.backend,
+            "device": torch.cuda.get_device_name() if b.device.type == "cuda" else "cpu",
+            "launcher": b.launch.launcher, "world_size": b.launch.world_size,
+            "machines": topo.machines, "devices_per_machine": topo.devices_per_machine,
+            "options": vars(a), "config": dataclasses.asdict(b.comm.config),
+            "nccl_env": nccl_variables()}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    if a.plot:
+        plot(rows, a.plot, f"{meta['machines']}x{meta['devices_per_machine']} {a.datatype}"
+             f" {a.op}, buckets {a.buckets}", b.backend)
+
+
+def plot(rows: list[dict[str, Any]], path: str, title: str, reference: str) -> None:
+    import matplotlib  # lazily: only --plot needs it
+
+    matplotlib.use("Agg")  # files only; no display on cluster nodes
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sizes = [r["size"] for r in rows]
+    ax.plot(sizes, [r["rr_busbw"] for r in rows], marker="o", label="ringreduce")
+    ax.plot(sizes, [r["ref_busbw"] for r in rows], marker="s", label=reference)
+    ax.set(xscale="log", xlabel="bytes per all-reduce", ylabel="busbw (GB/s)", title=title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def bench_rank(args: argparse.Namespace, launch: Launch,
+               device: torch.device) -> list[dict[str, Any]]:
+    """One rank, inside its process group: build the Communicator, run the sweep."""
+    comm = ringreduce.Communicator(None, machines=args.machines, slice_bytes=args.slice_bytes,
+                                   staging_bytes=args.staging_bytes, min_bytes=args.min_bytes)
+    try:
+        backend = dist.get_backend()
+        return run_sweep(Bench(args, comm, launch, backend, device, DTYPES[args.datatype],
+                               OPS[args.op]))
+    finally:
+        comm.close()
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Parse flags, start or join the ranks; returns rank 0's rows (own rows when launched)."""
+    args = build_parser().parse_args(argv)
+    standalone = detect().launcher == "standalone"
+    if standalone and args.machines is None and not torch.cuda.is_available():
+        # Without GPUs, the default run emulates 2 machines x 2 devices (the smallest
+        # case with both hierarchy levels); an odd rank count cannot split in two.
+        args.machines = 2 if (args.nprocs or default_nprocs()) % 2 == 0 else 1
+    return run_ranks(functools.partial(bench_rank, args), args.nprocs)
+
+
+if __name__ == "__main__":
+    main()

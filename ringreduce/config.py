@@ -1,0 +1,124 @@
+"""Configuration: one frozen dataclass, and the only place that reads the environment.
+
+Every ``RINGREDUCE_*`` variable is read in :meth:`Config.from_env`; explicit
+constructor arguments of :class:`ringreduce.Communicator` win over the environment.
+The host identity used for machine detection (``NCCL_HOSTID``, host name, boot id)
+is read here too, so that no other module touches ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from dataclasses import dataclass
+
+KiB = 1024
+MiB = 1024 * KiB
+
+#: Smallest shard (slice / (devices * machines)) the default slice size allows.
+#: Fairring lost to NCCL once shards fell to ~100 KiB and won from ~400 KiB; NCCL's
+#: network path moves 128-512 KiB chunks, so smaller messages pay per-message cost.
+MIN_SHARD_BYTES = 512 * KiB
+
+#: Floor of the default slice size: 4 MiB slices keep a 25 MiB DDP bucket in ~7
+#: pipelined pieces while each network message stays large.
+MIN_SLICE_BYTES = 4 * MiB
+
+#: Default staging budget. Staging holds the (M-1) rows a slice receives in
+#: `collect`; 64 MiB keeps 16+ slices of 4 MiB in flight, like Fairring's 50 MiB.
+DEFAULT_STAGING_BYTES = 64 * MiB
+
+#: Below this size the hierarchical path's five launches cost more than they save:
+#: NCCL's flat all-reduce is latency-bound there (FINDINGS.md: two-level wins start
+#: at a few MiB), so smaller tensors take NCCL's all-reduce (a documented fast path).
+DEFAULT_MIN_BYTES = 1 * MiB
+
+_ENV = {
+    "machines": "RINGREDUCE_MACHINES",
+    "slice_bytes": "RINGREDUCE_SLICE_BYTES",
+    "staging_bytes": "RINGREDUCE_STAGING_BYTES",
+    "min_bytes": "RINGREDUCE_MIN_BYTES",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Effective settings of one :class:`ringreduce.Communicator`."""
+
+    machines: int | None = None
+    """Split the ranks into this many virtual machines of contiguous ranks
+    (``RINGREDUCE_MACHINES``). ``None``: detect machines from the host identity."""
+
+    slice_bytes: int | None = None
+    """Largest slice in flight (``RINGREDUCE_SLICE_BYTES``). ``None``: the larger of
+    ``MIN_SLICE_BYTES`` and ``MIN_SHARD_BYTES * devices * machines``, so shards stay
+    large as the cluster grows (Fairring's fixed slice over-sharded at 256 GPUs)."""
+
+    staging_bytes: int = DEFAULT_STAGING_BYTES
+    """Memory for received `collect` rows (``RINGREDUCE_STAGING_BYTES``); it bounds
+    how many slices are in flight. Allocated once, never grown."""
+
+    min_bytes: int = DEFAULT_MIN_BYTES
+    """Tensors smaller than this take the flat all-reduce (``RINGREDUCE_MIN_BYTES``);
+    0 forces the hierarchical path at every size."""
+
+    def __post_init__(self) -> None:
+        for name in ("machines", "slice_bytes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}={value!r} must be a positive int or None")
+        for name in ("staging_bytes", "min_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be a non-negative int")
+
+    @classmethod
+    def from_env(cls, **overrides: int | None) -> Config:
+        """Defaults, then ``RINGREDUCE_*`` variables, then non-None ``overrides``."""
+        values: dict[str, int] = {}
+        for field, var in _ENV.items():
+            raw = os.environ.get(var)
+            if raw is not None and raw.strip():
+                values[field] = _parse_int(var, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return dataclasses.replace(cls(), **values)
+
+    def resolved_slice_bytes(self, devices: int, machines: int) -> int:
+        """The slice size in use for a (machines x devices) topology."""
+        if self.slice_bytes is not None:
+            return self.slice_bytes
+        return max(MIN_SLICE_BYTES, MIN_SHARD_BYTES * devices * machines)
+
+
+def _parse_int(var: str, raw: str) -> int:
+    try:
+        return int(raw, 0)
+    except ValueError:
+        raise ValueError(f"{var}={raw!r} is not an integer; set it to e.g. {var}=4194304") from None
+
+
+def host_identity() -> str:
+    """What makes two ranks the same machine: ``NCCL_HOSTID`` when set (NCCL uses it
+    the same way, so emulated machines agree with NCCL), else host name + boot id."""
+    explicit = os.environ.get("NCCL_HOSTID")
+    if explicit:
+        return explicit
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def ensure_nccl_launch_order() -> str | None:
+    """Ask NCCL (>= 2.26) to launch kernels of different communicators on a device in
+    host issue order. ringreduce issues every NCCL call from one thread in the same
+    order on every rank; without this a GPU may start stage kernels of different
+    communicators in another order than its peers and deadlock. Returns the user's
+    own value when one was set (it is respected), else None."""
+    previous = os.environ.get("NCCL_LAUNCH_ORDER_IMPLICIT")
+    if previous is None:
+        os.environ["NCCL_LAUNCH_ORDER_IMPLICIT"] = "1"
+    return previous

@@ -1,0 +1,198 @@
+"""Communicator: the public object. Checks input, routes a call, hands out futures.
+
+A call takes one of three routes, each a deliberate decision:
+  * one machine (M == 1), or a tensor below ``min_bytes``: NCCL's (gloo's) own flat
+    all-reduce on the whole group, because on NVLink alone and for latency-bound
+    sizes nothing beats it (Fairring lost both cases by not having this route);
+  * otherwise the hierarchical pipeline of pipeline.py, with reduce-scatter and
+    all-gather skipped when each machine has one device.
+The CUDA route only enqueues work (no host-device synchronisation); the CPU route
+runs the same plan over gloo on one worker thread, so calls keep their order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import layout, schedule
+from .config import Config
+from .errors import RingReduceError
+from .pipeline import FLAT, run_flat, run_steps
+from .resources import Resources, build_resources
+from .topology import Topology
+
+log = logging.getLogger("ringreduce")
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64)
+OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg",
+       dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
+
+
+class Communicator:
+    """Hierarchical all-reduce over ``group`` (default: the whole world).
+
+    Collective: every rank of the group constructs it, in the same order as other
+    communicators. See Config for ``machines``, ``slice_bytes``, ``staging_bytes``
+    and ``min_bytes``; explicit arguments win over ``RINGREDUCE_*`` variables.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, *, machines: int | None = None,
+                 slice_bytes: int | None = None, staging_bytes: int | None = None,
+                 min_bytes: int | None = None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("ringreduce.Communicator needs torch.distributed: call "
+                               "dist.init_process_group(...) first")
+        self.config = Config.from_env(machines=machines, slice_bytes=slice_bytes,
+                                      staging_bytes=staging_bytes, min_bytes=min_bytes)
+        self._res: Resources = build_resources(group or dist.group.WORLD, self.config)
+        self._op_number = 0
+        self._cursor = schedule.Cursor()
+        self._closed = False
+        self._worker = None if self._res.is_cuda else concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="ringreduce")
+        if self._res.topo.rank == 0:
+            log.info("ringreduce: %s", self.describe())
+
+    @property
+    def topology(self) -> Topology:
+        """machines, devices_per_machine, machine_index, device_index (and ranks)."""
+        return self._res.topo
+
+    @property
+    def op_number(self) -> int:
+        return self._op_number
+
+    def describe(self) -> str:
+        """The effective configuration, one line (logged once on rank 0)."""
+        t, r = self._res.topo, self._res
+        return (f"{t.machines} machines x {t.devices_per_machine} devices, "
+                f"{'cuda (nccl ' + str(r.nccl_version) + ')' if r.is_cuda else 'cpu (gloo)'}, "
+                f"slice_bytes={r.slice_bytes}, staging_bytes={self.config.staging_bytes} "
+                f"({r.staging_slots} slots), min_bytes={self.config.min_bytes}")
+
+    def all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM,
+                   async_op: bool = False) -> torch.futures.Future[torch.Tensor] | None:
+        """In-place all-reduce of ``t`` over the group, like ``dist.all_reduce``.
+
+        Returns None, or with ``async_op=True`` a Future completed with ``t``. On CUDA a
+        synchronous call makes the caller's current stream wait (the host does not),
+        and an async call's Future is CUDA-aware: ``wait()`` syncs streams only.
+        """
+        op_name = self._check(t, op)
+        self._op_number += 1
+        if self._res.is_cuda:
+            return self._issue_cuda(t, op_name, async_op)
+        job = self._worker.submit(self._execute, t, op_name)  # type: ignore[union-attr]
+        if not async_op:
+            job.result()
+            return None
+        return _as_torch_future(job, t)
+
+    def _check(self, t: Any, op: Any) -> str:
+        """Caller mistakes raise here, before any communication."""
+        if self._closed:
+            raise RingReduceError("this ringreduce.Communicator is closed; create a new one")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"all_reduce expects a torch.Tensor, got {type(t).__name__}")
+        if t.is_sparse or t.layout != torch.strided:
+            raise ValueError(f"all_reduce needs a dense tensor, got layout {t.layout}; "
+                             "call .to_dense() first")
+        if not t.is_contiguous():
+            raise ValueError(f"all_reduce needs a contiguous tensor, got shape {tuple(t.shape)} "
+                             f"with strides {t.stride()}; call .contiguous() and copy back")
+        if t.device != self._res.device:
+            raise ValueError(f"tensor is on {t.device}, this communicator works on "
+                             f"{self._res.device}; move it with .to('{self._res.device}')")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"dtype {t.dtype} is not supported; use one of "
+                            f"{', '.join(str(d) for d in DTYPES)}")
+        name = OPS.get(op)
+        if name is None:
+            raise TypeError(f"op {op} is not supported; use dist.ReduceOp.SUM, AVG, MAX or MIN")
+        return name
+
+    def _route_flat(self, t: torch.Tensor) -> bool:
+        return (self._res.topo.machines == 1
+                or t.numel() * t.element_size() < self.config.min_bytes)
+
+    def _execute(self, t: torch.Tensor, op: str) -> str:
+        """Issue (CUDA) or run (CPU) one call; returns the last stream's stage name."""
+        if t.numel() == 0:
+            return ""
+        res = self._res
+        res.sync.enter()
+        if self._route_flat(t):
+            run_flat(t.view(-1), op, self._ctx())
+            return FLAT
+        topo = res.topo
+        plans = layout.plan_slices(t.numel(), t.element_size(), topo.devices_per_machine,
+                                   topo.machines, res.slice_bytes)
+        steps, self._cursor = schedule.plan_steps(
+            len(plans), plans[-1].tail > 0, topo.devices_per_machine, res.staging_slots,
+            layout.PADDING_SLOTS, self._cursor)
+        run_steps(steps, t.view(-1), plans, op, self._ctx())
+        return schedule.active_stages(topo.devices_per_machine)[-1]
+
+    def _issue_cuda(self, t: torch.Tensor, op: str,
+                    async_op: bool) -> torch.futures.Future[torch.Tensor] | None:
+        last = self._execute(t, op)
+        sync = self._res.sync
+        if not async_op:
+            if last:
+                sync.leave()
+            return None
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
+        if not last:
+            fut.set_result(t)
+            return fut
+        sync.adopt(t, (*schedule.STAGES, FLAT))
+        with sync.on(last):  # the Future records an event on the last stage's stream
+            fut.set_result(t)
+        return fut
+
+    def _ctx(self) -> _Context:
+        return _Context(self._res, self._op_number)
+
+    def close(self) -> None:
+        """Finish outstanding work and release communicators. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+        self._res.release()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Context:
+    """What pipeline functions need from a communicator, for one call."""
+
+    def __init__(self, res: Resources, op_number: int) -> None:
+        self.topo, self.transport, self.sync, self.buffers = \
+            res.topo, res.transport, res.sync, res.buffers
+        self.op_number = op_number
+
+
+def _as_torch_future(job: concurrent.futures.Future[Any],
+                     t: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+    def done(j: concurrent.futures.Future[Any]) -> None:
+        exc = j.exception()
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(t)
+
+    job.add_done_callback(done)
+    return fut

@@ -1,0 +1,22 @@
+"""DDP communication hook: ``ddp_model.register_comm_hook(comm, ringreduce.ddp_hook)``."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .engine import Communicator
+
+
+def ddp_hook(state: Communicator, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket over the communicator's group, like torch's ``allreduce_hook``.
+
+    The bucket is reduced in place and the Future holds ``bucket.buffer()``. On CUDA
+    the Future is completed on the last stage's stream, so the reducer's ``wait()``
+    only makes its stream wait; the autograd thread never blocks on the device. AVG
+    divides once after the sum, in fp32 for 16-bit gradients (torch's hook divides
+    first, in the gradient's own precision).
+    """
+    fut = state.all_reduce(bucket.buffer(), op=dist.ReduceOp.AVG, async_op=True)
+    assert fut is not None
+    return fut

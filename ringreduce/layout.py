@@ -1,0 +1,80 @@
+"""Pure layout: how a flat tensor is cut into slices and viewed as (D, M, k).
+
+No torch, no CUDA: plans are frozen dataclasses of ints, tested on any CPU.
+
+A slice of ``n`` elements has a *body*, its largest prefix divisible by D*M, viewed
+as ``(D, M, k)``, and a *tail* of ``n - D*M*k < D*M`` elements that travels through
+a ``(D, M, 1)`` padding slot. Full slices are sized to a multiple of D*M*ALIGN, so
+only the last slice of a tensor can have a tail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Shards start on 16-byte boundaries in full slices: vector loads in the add stage
+#: and NCCL's fastest copy paths want 16-byte alignment.
+ALIGN_BYTES = 16
+
+#: Padding slots in rotation. Each holds D*M elements (a few hundred bytes), so the
+#: count only bounds how many tails can be in flight before one is copied back.
+PADDING_SLOTS = 16
+
+
+@dataclass(frozen=True)
+class SlicePlan:
+    """One slice of a flat tensor, in elements."""
+
+    index: int
+    offset: int
+    numel: int
+    k: int
+    """Body row length: the body is ``(D, M, k)``, ``D*M*k`` elements."""
+    tail: int
+    """Elements after the body (``< D*M``), carried in a padding slot."""
+
+    @property
+    def body(self) -> int:
+        return self.numel - self.tail
+
+
+def slice_elements(itemsize: int, devices: int, machines: int, slice_bytes: int) -> int:
+    """Elements in a full slice: ``slice_bytes`` rounded down to a multiple of
+    D*M*(ALIGN_BYTES/itemsize), and at least one such unit."""
+    unit = devices * machines * max(1, ALIGN_BYTES // itemsize)
+    return max(unit, (slice_bytes // itemsize) // unit * unit)
+
+
+def plan_slices(numel: int, itemsize: int, devices: int, machines: int,
+                slice_bytes: int) -> tuple[SlicePlan, ...]:
+    """Cut ``numel`` elements into slices; every element is covered exactly once."""
+    if numel < 0 or itemsize < 1 or devices < 1 or machines < 1 or slice_bytes < 1:
+        raise ValueError(
+            f"plan_slices needs numel >= 0 and positive sizes, got numel={numel}, "
+            f"itemsize={itemsize}, devices={devices}, machines={machines}, "
+            f"slice_bytes={slice_bytes}")
+    step = slice_elements(itemsize, devices, machines, slice_bytes)
+    group = devices * machines
+    plans = []
+    for index, offset in enumerate(range(0, numel, step)):
+        n = min(step, numel - offset)
+        k = n // group
+        plans.append(SlicePlan(index, offset, n, k, n - k * group))
+    return tuple(plans)
+
+
+def staging_slot_elements(itemsize: int, devices: int, machines: int,
+                          slice_bytes: int) -> int:
+    """Elements of one staging slot: the (M-1) rows of k a full slice receives."""
+    step = slice_elements(itemsize, devices, machines, slice_bytes)
+    return (machines - 1) * (step // (devices * machines))
+
+
+def staging_slots(itemsize: int, devices: int, machines: int, slice_bytes: int,
+                  staging_bytes: int) -> int:
+    """How many staging slots fit the budget. At least 2, so that `collect` of the
+    next slice can overlap `add` of this one even under a tiny budget."""
+    slot = staging_slot_elements(itemsize, devices, machines, slice_bytes) * itemsize
+    if slot == 0:
+        return 2
+    return max(2, staging_bytes // slot)

@@ -1,0 +1,232 @@
+"""Executes a call's steps: stage operations on their streams, linked by events.
+
+The same walk runs on CUDA and on the CPU. On CUDA each stage has its own stream and
+the steps only *enqueue* work: the host never waits for the device. On the CPU the
+host thread is the order, so waits and records are no-ops and each stage runs to
+completion before the next.
+
+Timeline of the five streams for a tensor of three slices, D > 1 (time ->):
+
+  reduce_scatter  [rs 0][rs 1][rs 2]
+  collect               [coll 0][coll 1][coll 2]
+  add                           [a0]    [a1]    [a2]
+  diffuse                           [diff 0][diff 1][diff 2]
+  all_gather                                [ag 0]  [ag 1]  [ag 2] -> done
+                 ^ entry (caller's stream)                          caller waits
+
+Edges ``rs_to_collect`` ... ``diffuse_to_ag`` order one slice's stages. Slot
+events protect memory reused by later slices: ``collect`` of slice i+S waits on
+``staging_free[i % S]``, recorded after ``add`` of slice i read the slot; the tail's
+padding slot is reused only after ``all_gather`` copied it back (``padding_free``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from . import schedule
+from .add import add, finish_average
+from .errors import RingReduceError
+from .layout import SlicePlan
+from .schedule import DONE, ENTRY, Step
+from .topology import Topology
+from .transport import Part
+
+FLAT = "flat"
+"""Stream of the flat all-reduce fast path."""
+
+
+class CudaStreams:
+    """One stream per stage (and one for the flat path), and every named event."""
+
+    def __init__(self, device: torch.device, event_names: Sequence[str]) -> None:
+        # High priority: communication kernels should not queue behind compute.
+        self.streams = {s: torch.cuda.Stream(device, priority=-1)
+                        for s in (*schedule.STAGES, FLAT)}
+        self.events = {name: torch.cuda.Event() for name in event_names}
+
+    def handle(self, stage: str) -> int:
+        return self.streams[stage].cuda_stream
+
+    def wait(self, stage: str, names: Sequence[str]) -> None:
+        for name in names:
+            self.streams[stage].wait_event(self.events[name])
+
+    def record(self, stage: str, names: Sequence[str]) -> None:
+        for name in names:
+            self.events[name].record(self.streams[stage])
+
+    def on(self, stage: str) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.stream(self.streams[stage])
+
+    def enter(self) -> None:
+        self.events[ENTRY].record(torch.cuda.current_stream())
+
+    def leave(self) -> None:
+        torch.cuda.current_stream().wait_event(self.events[DONE])
+
+    def adopt(self, t: torch.Tensor, stages: Sequence[str]) -> None:
+        """Tell the caching allocator that our streams use ``t`` (async calls)."""
+        for s in stages:
+            t.record_stream(self.streams[s])
+
+    def synchronize(self) -> None:
+        for s in self.streams.values():
+            s.synchronize()
+
+
+class HostOrder:
+    """The CPU counterpart of CudaStreams: program order is the only order."""
+
+    def handle(self, stage: str) -> None:
+        return None
+
+    def wait(self, stage: str, names: Sequence[str]) -> None:
+        pass
+
+    def record(self, stage: str, names: Sequence[str]) -> None:
+        pass
+
+    def on(self, stage: str) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def enter(self) -> None:
+        pass
+
+    def leave(self) -> None:
+        pass
+
+    def adopt(self, t: torch.Tensor, stages: Sequence[str]) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class Buffers:
+    """Staging and padding memory, allocated once as bytes and viewed per dtype."""
+
+    def __init__(self, topo: Topology, slot_bytes: int, staging_slots: int,
+                 padding_slots: int, device: torch.device) -> None:
+        self.topo = topo
+        self.slot_bytes = slot_bytes
+        self.staging_bytes = torch.empty(staging_slots * slot_bytes, dtype=torch.uint8,
+                                         device=device)
+        # A padding slot holds the (D, M, 1) view plus its M-1 collect rows; 8 bytes
+        # an element fits every dtype, and 16-byte strides keep views aligned.
+        group, rows = topo.devices_per_machine * topo.machines, topo.machines - 1
+        self.pad_stride = -(-(group + rows) * 8 // 16) * 16
+        self.padding_bytes = torch.empty(padding_slots * self.pad_stride, dtype=torch.uint8,
+                                         device=device)
+
+    def staging(self, slot: int, dtype: torch.dtype, k: int) -> torch.Tensor:
+        rows = self.topo.machines - 1
+        start = slot * self.slot_bytes
+        nbytes = rows * k * dtype.itemsize
+        assert nbytes <= self.slot_bytes, (nbytes, self.slot_bytes)
+        return self.staging_bytes[start:start + nbytes].view(dtype).view(rows, k)
+
+    def padding(self, slot: int, dtype: torch.dtype) -> Part:
+        t = self.topo
+        group, rows = t.devices_per_machine * t.machines, t.machines - 1
+        start = slot * self.pad_stride
+        flat = self.padding_bytes[start:start + (group + rows) * dtype.itemsize].view(dtype)
+        view = flat[:group].view(t.devices_per_machine, t.machines, 1)
+        return Part(view, flat[group:].view(rows, 1))
+
+
+class SliceIO:
+    """The parts of one slice and, when it has a tail, where the tail lives."""
+
+    def __init__(self, flat: torch.Tensor, plan: SlicePlan, step: Step, buffers: Buffers) -> None:
+        topo = buffers.topo
+        self.parts: list[Part] = []
+        if plan.k:
+            body = flat[plan.offset:plan.offset + plan.body]
+            view = body.view(topo.devices_per_machine, topo.machines, plan.k)
+            self.parts.append(Part(view, buffers.staging(step.staging_slot, flat.dtype, plan.k)))
+        self.tail: torch.Tensor | None = None
+        self.pad: Part | None = None
+        if step.padding_slot is not None:
+            self.tail = flat[plan.offset + plan.body:plan.offset + plan.numel]
+            self.pad = buffers.padding(step.padding_slot, flat.dtype)
+            self.parts.append(self.pad)
+
+    def copy_in(self) -> None:
+        """Tail into the padding slot. The slot's other elements are left as they
+        are: their results are never read back."""
+        if self.pad is not None and self.tail is not None:
+            self.pad.view.view(-1)[:self.tail.numel()].copy_(self.tail)
+
+    def copy_out(self) -> None:
+        if self.pad is not None and self.tail is not None:
+            self.tail.copy_(self.pad.view.view(-1)[:self.tail.numel()])
+
+
+def run_steps(steps: Sequence[Step], flat: torch.Tensor, plans: Sequence[SlicePlan],
+              op: str, ctx: Any) -> None:
+    """Unpipelined meaning, per slice s:
+        view = s.as(D, M, k); rs(view); collect(view); add(view); diffuse(view); ag(view)
+    ``ctx`` carries topology, transport, sync (streams) and buffers."""
+    stages = schedule.active_stages(ctx.topo.devices_per_machine)
+    ios: dict[int, SliceIO] = {}
+    for step in steps:
+        io = ios.get(step.slice_index)
+        if io is None:
+            io = ios[step.slice_index] = SliceIO(flat, plans[step.slice_index], step, ctx.buffers)
+        ctx.sync.wait(step.stage, step.waits)
+        with ctx.sync.on(step.stage), _stage_errors(ctx, step, flat):
+            if step.stage == stages[0]:
+                io.copy_in()
+            _run_stage(step.stage, io.parts, op, ctx)
+            if step.stage == stages[-1]:
+                io.copy_out()
+                del ios[step.slice_index]
+        ctx.sync.record(step.stage, step.records)
+
+
+def _run_stage(stage: str, parts: Sequence[Part], op: str, ctx: Any) -> None:
+    handle = ctx.sync.handle(stage)
+    if stage == "add":
+        d, m = ctx.topo.device_index, ctx.topo.machine_index
+        for p in parts:
+            add(p.view[d][m], p.staging, op, ctx.topo.world_size)
+    elif stage == "reduce_scatter":
+        ctx.transport.reduce_scatter(parts, op, handle)
+    else:
+        getattr(ctx.transport, stage)(parts, handle)
+
+
+def run_flat(t: torch.Tensor, op: str, ctx: Any) -> None:
+    """Unpipelined meaning: all_reduce(t, op) over every rank of the group."""
+    ctx.sync.wait(FLAT, [ENTRY])
+    with ctx.sync.on(FLAT), _errors(ctx, FLAT, "-", tuple(range(ctx.topo.world_size)), t):
+        ctx.transport.flat_all_reduce(t, op, ctx.sync.handle(FLAT))
+        if op == "avg":
+            finish_average(t, ctx.topo.world_size)
+    ctx.sync.record(FLAT, [DONE])
+
+
+def _stage_errors(ctx: Any, step: Step, t: torch.Tensor) -> contextlib.AbstractContextManager[None]:
+    topo = ctx.topo
+    peers = topo.intra_ranks() if step.stage in ("reduce_scatter", "all_gather") \
+        else topo.rail_ranks()
+    return _errors(ctx, step.stage, str(step.slice_index), peers, t)
+
+
+@contextlib.contextmanager
+def _errors(ctx: Any, stage: str, slice_index: str, peers: Sequence[int],
+            t: torch.Tensor) -> Iterator[None]:
+    try:
+        yield
+    except (ValueError, TypeError, AssertionError):
+        raise
+    except Exception as exc:
+        raise RingReduceError(
+            f"ringreduce stage '{stage}' failed on rank {ctx.topo.rank} in operation "
+            f"#{ctx.op_number} (slice {slice_index}, tensor of {t.numel()} x {t.dtype}), "
+            f"peers (group ranks) {list(peers)}: {exc}") from exc

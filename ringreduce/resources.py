@@ -1,0 +1,130 @@
+"""Everything a Communicator holds: topology, transport, streams, events, buffers.
+
+Built once, collectively, at construction. Machines are found by exchanging host
+identities through the process group's store; NCCL communicators are split from one
+world communicator whose unique id travels through the same store.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import layout, nccl, schedule, topology
+from .config import Config, ensure_nccl_launch_order, host_identity
+from .pipeline import Buffers, CudaStreams, HostOrder
+from .topology import Topology
+from .transport import GlooTransport, NcclTransport
+
+log = logging.getLogger("ringreduce")
+
+
+@dataclass
+class Resources:
+    topo: Topology
+    is_cuda: bool
+    device: torch.device
+    slice_bytes: int
+    staging_slots: int
+    transport: Any
+    sync: Any
+    buffers: Buffers
+    nccl_version: int = 0
+    release_steps: list[Any] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Happy-path teardown (explicit close): drain streams, then destroy."""
+        self.sync.synchronize()
+        for step in self.release_steps:
+            step()
+        self.release_steps.clear()
+
+
+def build_resources(group: dist.ProcessGroup, config: Config) -> Resources:
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    store = _group_store(group, world)
+    if config.machines is not None:
+        topo = topology.from_virtual(world, config.machines, rank)
+    else:
+        store.set(f"host/{rank}", host_identity())
+        hosts = [store.get(f"host/{r}").decode() for r in range(world)]
+        topo = topology.from_host_ids(hosts, rank)
+    is_cuda = "nccl" in str(dist.get_backend(group)).lower()
+    device = torch.device("cuda", torch.cuda.current_device()) if is_cuda else torch.device("cpu")
+    slice_bytes = config.resolved_slice_bytes(topo.devices_per_machine, topo.machines)
+    slot_bytes, slots = _staging_geometry(topo, slice_bytes, config.staging_bytes)
+    buffers = Buffers(topo, slot_bytes, slots if topo.machines > 1 else 0,
+                      layout.PADDING_SLOTS, device)
+    res = Resources(topo, is_cuda, device, slice_bytes, slots, None, None, buffers)
+    if is_cuda:
+        _build_cuda(res, store)
+    else:
+        _build_cpu(res, group)
+    return res
+
+
+def _group_store(group: dist.ProcessGroup, world: int) -> dist.Store:
+    """A store namespace unique to this communicator: ranks construct communicators
+    in the same order, so the n-th construction on every rank gets instance n."""
+    base = dist.distributed_c10d._get_default_store()
+    name = getattr(group, "group_name", "") or "world"
+    instance = (base.add(f"ringreduce/{name}/instances", 1) - 1) // world
+    return dist.PrefixStore(f"ringreduce/{name}/{instance}/", base)
+
+
+def _staging_geometry(topo: Topology, slice_bytes: int, budget: int) -> tuple[int, int]:
+    """Bytes of one staging slot (dtype-independent: a shard is at most
+    slice_bytes / (D*M) bytes, and at least one 16-byte unit) and the slot count."""
+    shard = max(layout.ALIGN_BYTES, slice_bytes // (topo.devices_per_machine * topo.machines))
+    slot = (topo.machines - 1) * (-(-shard // layout.ALIGN_BYTES) * layout.ALIGN_BYTES)
+    if slot == 0:
+        return 0, 0
+    return slot, max(2, budget // slot)
+
+
+def _build_cuda(res: Resources, store: dist.Store) -> None:
+    own = ensure_nccl_launch_order()
+    if own is not None and own != "1":
+        log.warning("NCCL_LAUNCH_ORDER_IMPLICIT=%s: stage kernels of different NCCL "
+                    "communicators may start in different orders on different GPUs", own)
+    topo = res.topo
+    if topo.rank == 0:
+        store.set("nccl/world", nccl.new_unique_id())
+    world = nccl.init(topo.world_size, topo.rank, store.get("nccl/world"))
+    comms = {"world": world}
+    # Splits are collective over `world`; every rank makes the same calls in order.
+    if topo.devices_per_machine > 1:
+        for stage in ("reduce_scatter", "all_gather"):
+            comms[stage] = nccl.split(world, topo.machine_index, topo.device_index)
+    if topo.machines > 1:
+        for stage in ("collect", "diffuse"):
+            comms[stage] = nccl.split(world, topo.device_index, topo.machine_index)
+    res.nccl_version = nccl.version()
+    res.transport = NcclTransport(topo, comms)
+    res.sync = CudaStreams(res.device, schedule.event_names(
+        topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
+    res.release_steps += [lambda c=c: nccl.destroy(c) for c in comms.values()]
+
+
+def _build_cpu(res: Resources, group: dist.ProcessGroup) -> None:
+    topo = res.topo
+    global_ranks = [dist.get_global_rank(group, r) if group is not dist.group.WORLD else r
+                    for r in range(topo.world_size)]
+    intra = rail = None
+    # new_group is collective over the world: every rank creates every group in order.
+    if topo.devices_per_machine > 1:
+        for m, ranks in enumerate(topo.all_intra()):
+            g = dist.new_group([global_ranks[r] for r in ranks], backend="gloo")
+            intra = g if m == topo.machine_index else intra
+    if topo.machines > 1:
+        for d, ranks in enumerate(topo.all_rails()):
+            g = dist.new_group([global_ranks[r] for r in ranks], backend="gloo")
+            rail = g if d == topo.device_index else rail
+    res.transport = GlooTransport(topo, group, intra, rail, global_ranks)
+    res.sync = HostOrder()
+    res.release_steps += [lambda g=g: dist.destroy_process_group(g)
+                          for g in (intra, rail) if g is not None]

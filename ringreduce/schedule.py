@@ -1,0 +1,120 @@
+"""Pure schedule: which stream runs what, which events it waits on and records.
+
+No torch, no CUDA. The engine walks the steps in order on the host; each step runs
+on the stream named after its stage. Events are named after the edge they guard
+(``rs_to_collect``) or the slot they free (``staging_free[3]``).
+
+One event per edge is enough: the host issues slices in order, so every wait on
+``rs_to_collect`` is enqueued right after the record it must see, before the next
+slice records it again. Slots are different: slice i+S reuses the staging slot of
+slice i, so each slot has its own "free" event.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+#: The stages, in pipeline order. Streams, communicators and events take their names.
+STAGES = ("reduce_scatter", "collect", "add", "diffuse", "all_gather")
+
+#: Short names used in edge events, e.g. "rs_to_collect".
+SHORT = {"reduce_scatter": "rs", "collect": "collect", "add": "add",
+         "diffuse": "diffuse", "all_gather": "ag"}
+
+ENTRY = "entry"
+"""Recorded on the caller's stream when a call starts."""
+
+DONE = "done"
+"""Recorded after the last stage of the last slice; the caller's stream waits on it."""
+
+
+def active_stages(devices: int) -> tuple[str, ...]:
+    """With one device per machine there is nothing to reduce-scatter or gather."""
+    return STAGES if devices > 1 else ("collect", "add", "diffuse")
+
+
+def edge(src: str, dst: str) -> str:
+    return f"{SHORT[src]}_to_{SHORT[dst]}"
+
+
+def staging_free(slot: int) -> str:
+    return f"staging_free[{slot}]"
+
+
+def padding_free(slot: int) -> str:
+    return f"padding_free[{slot}]"
+
+
+@dataclass(frozen=True)
+class Step:
+    """Issue ``stage`` of slice ``slice_index`` on the stage's stream."""
+
+    slice_index: int
+    stage: str
+    waits: tuple[str, ...]
+    records: tuple[str, ...]
+    staging_slot: int
+    padding_slot: int | None
+    """Set on the slice that has a tail: copy in before the first stage, copy back
+    after the last."""
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where slot rotation stands between calls (slots rotate across calls too)."""
+
+    staging: int = 0
+    padding: int = 0
+
+
+def plan_steps(n_slices: int, tail_on_last: bool, devices: int, staging_slots: int,
+               padding_slots: int, cursor: Cursor) -> tuple[tuple[Step, ...], Cursor]:
+    """Steps of one call, slice-major, and the cursor for the next call."""
+    stages = active_stages(devices)
+    steps: list[Step] = []
+    staging, padding = cursor.staging, cursor.padding
+    for i in range(n_slices):
+        last = i == n_slices - 1
+        pad = padding if (tail_on_last and last) else None
+        for position, stage in enumerate(stages):
+            steps.append(_step(i, stage, stages, position, staging, pad, last_slice=last))
+        staging = (staging + 1) % staging_slots
+        if pad is not None:
+            padding = (padding + 1) % padding_slots
+    return tuple(steps), Cursor(staging, padding)
+
+
+def _step(i: int, stage: str, stages: tuple[str, ...], position: int, staging: int,
+          pad: int | None, last_slice: bool) -> Step:
+    waits: list[str] = []
+    records: list[str] = []
+    if position == 0:
+        if i == 0:
+            waits.append(ENTRY)
+        if pad is not None:
+            waits.append(padding_free(pad))
+    else:
+        waits.append(edge(stages[position - 1], stage))
+    if stage == "collect":
+        waits.append(staging_free(staging))  # collect is the first writer of the slot
+    if stage == "add":
+        records.append(staging_free(staging))  # add is the last reader of the slot
+    if position + 1 < len(stages):
+        records.append(edge(stage, stages[position + 1]))
+    else:
+        if pad is not None:
+            records.append(padding_free(pad))
+        if last_slice:
+            records.append(DONE)
+    return Step(i, stage, tuple(waits), tuple(records), staging, pad)
+
+
+def event_names(devices: int, staging_slots: int, padding_slots: int) -> tuple[str, ...]:
+    """Every event a communicator needs, created once."""
+    stages = active_stages(devices)
+    names = [ENTRY, DONE]
+    names += [edge(a, b) for a, b in itertools.pairwise(stages)]
+    names += [staging_free(s) for s in range(staging_slots)]
+    names += [padding_free(p) for p in range(padding_slots)]
+    return tuple(names)

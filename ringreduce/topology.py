@@ -1,0 +1,79 @@
+"""Pure topology: which (machine, device) every rank is. No torch, no CUDA.
+
+A machine is a set of ranks that share fast links (NVLink); a *rail* is the set of
+ranks with the same device index on every machine. ringreduce needs every machine to
+run the same number of ranks, so that rails are complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this rank sits. ``ranks[m][d]`` is the group rank of (machine m, device d)."""
+
+    machines: int
+    devices_per_machine: int
+    machine_index: int
+    device_index: int
+    ranks: tuple[tuple[int, ...], ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.machines * self.devices_per_machine
+
+    @property
+    def rank(self) -> int:
+        return self.ranks[self.machine_index][self.device_index]
+
+    def intra_ranks(self) -> tuple[int, ...]:
+        """Ranks of this machine, ordered by device index."""
+        return self.ranks[self.machine_index]
+
+    def rail_ranks(self) -> tuple[int, ...]:
+        """Ranks with this device index, ordered by machine index."""
+        return tuple(row[self.device_index] for row in self.ranks)
+
+    def all_intra(self) -> tuple[tuple[int, ...], ...]:
+        return self.ranks
+
+    def all_rails(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(row[d] for row in self.ranks) for d in range(self.devices_per_machine))
+
+
+def from_host_ids(host_ids: Sequence[str], rank: int) -> Topology:
+    """Group ranks by host identity; machines are numbered by first appearance and
+    devices by rank order within a machine. Raises ValueError when machines differ
+    in rank count, naming every host and its count."""
+    members: dict[str, list[int]] = {}
+    for r, host in enumerate(host_ids):
+        members.setdefault(host, []).append(r)
+    counts = {host: len(rs) for host, rs in members.items()}
+    if len(set(counts.values())) > 1:
+        listing = ", ".join(f"{host!r}: {n}" for host, n in counts.items())
+        raise ValueError(
+            f"ringreduce needs the same number of ranks on every machine, got {listing}; "
+            "launch the same number of processes per host, or pass machines=K to split "
+            "the ranks into K equal virtual machines of contiguous ranks")
+    return _locate(tuple(tuple(rs) for rs in members.values()), rank)
+
+
+def from_virtual(world_size: int, machines: int, rank: int) -> Topology:
+    """Split ranks 0..world_size-1 into ``machines`` virtual machines of contiguous ranks."""
+    if machines < 1 or world_size % machines:
+        raise ValueError(
+            f"machines={machines} must divide the world size {world_size}; choose a "
+            f"divisor of {world_size} (e.g. machines=1 or machines={world_size})")
+    per = world_size // machines
+    rows = tuple(tuple(range(m * per, (m + 1) * per)) for m in range(machines))
+    return _locate(rows, rank)
+
+
+def _locate(rows: tuple[tuple[int, ...], ...], rank: int) -> Topology:
+    for m, row in enumerate(rows):
+        if rank in row:
+            return Topology(len(rows), len(row), m, row.index(rank), rows)
+    raise AssertionError(f"rank {rank} is in no machine of {rows}")

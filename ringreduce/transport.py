@@ -1,0 +1,138 @@
+"""The stage operations, over NCCL (CUDA) or over torch.distributed gloo (CPU).
+
+Both transports move the same bytes between the same ranks; the gloo one exists so
+that slicing, padding and every stage run in CI without a GPU. A stage call takes
+the *parts* of one slice (its body and, on the last slice, its padding slot) and
+moves all of them in one NCCL group.
+
+Per part, on rank (machine m, device d), ``view`` is ``(D, M, k)``:
+  reduce_scatter  view[d]    = sum over devices of view[d]          (intra-machine)
+  collect         staging[i] = machine j's view[d][m], j != m        (rail)
+  diffuse         view[d][j] = machine j's reduced view[d][j]        (rail)
+  all_gather      view[e]    = device e's view[e], every e           (intra-machine)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from . import nccl
+from .topology import Topology
+
+
+@dataclass(frozen=True)
+class Part:
+    """A (D, M, k) view travelling through the stages, with its collect rows."""
+
+    view: torch.Tensor
+    staging: torch.Tensor
+    """(M-1, k): row i holds machine ``others[i]``'s partial of ``view[d][m]``."""
+
+
+def other_machines(topo: Topology) -> list[int]:
+    """Peers on the rail, in a fixed order; staging row i belongs to entry i."""
+    return [j for j in range(topo.machines) if j != topo.machine_index]
+
+
+class NcclTransport:
+    """Stage operations on NCCL communicators, one per stage, so that stages of
+    different slices run concurrently on their own streams."""
+
+    def __init__(self, topo: Topology, comms: dict[str, nccl.Comm]) -> None:
+        self.topo = topo
+        self.comms = comms
+        self.others = other_machines(topo)
+
+    def reduce_scatter(self, parts: Sequence[Part], op: str, stream: int) -> None:
+        d, comm = self.topo.device_index, self.comms["reduce_scatter"]
+        with nccl.group():
+            for p in parts:  # in place: recv is the d-th block of send
+                nccl.reduce_scatter(comm, p.view, p.view[d], op, stream)
+
+    def collect(self, parts: Sequence[Part], stream: int) -> None:
+        d, comm = self.topo.device_index, self.comms["collect"]
+        with nccl.group():
+            for p in parts:
+                for i, j in enumerate(self.others):
+                    nccl.send(comm, p.view[d][j], j, stream)
+                    nccl.recv(comm, p.staging[i], j, stream)
+
+    def diffuse(self, parts: Sequence[Part], stream: int) -> None:
+        d, m, comm = self.topo.device_index, self.topo.machine_index, self.comms["diffuse"]
+        with nccl.group():
+            for p in parts:
+                for j in self.others:
+                    nccl.send(comm, p.view[d][m], j, stream)
+                    nccl.recv(comm, p.view[d][j], j, stream)
+
+    def all_gather(self, parts: Sequence[Part], stream: int) -> None:
+        d, comm = self.topo.device_index, self.comms["all_gather"]
+        with nccl.group():
+            for p in parts:  # in place: send is the d-th block of recv
+                nccl.all_gather(comm, p.view[d], p.view, stream)
+
+    def flat_all_reduce(self, t: torch.Tensor, op: str, stream: int) -> None:
+        nccl.all_reduce(self.comms["world"], t, op, stream)
+
+
+class GlooTransport:
+    """Stage operations on gloo sub-groups: intra-machine and rail groups."""
+
+    def __init__(self, topo: Topology, world: dist.ProcessGroup, intra: dist.ProcessGroup | None,
+                 rail: dist.ProcessGroup | None, global_ranks: Sequence[int]) -> None:
+        self.topo = topo
+        self.world, self.intra, self.rail = world, intra, rail
+        self.others = other_machines(topo)
+        # torch's point-to-point calls take global ranks.
+        self.rail_peers = [global_ranks[topo.ranks[j][topo.device_index]] for j in self.others]
+
+    def reduce_scatter(self, parts: Sequence[Part], op: str, stream: None = None) -> None:
+        d = self.topo.device_index
+        for p in parts:
+            out = torch.empty_like(p.view[d]).view(-1)  # gloo gets no aliased buffers
+            _reduce_scatter(out, p.view.view(-1), op=_gloo_op(op), group=self.intra)
+            p.view[d].view(-1).copy_(out)
+
+    def collect(self, parts: Sequence[Part], stream: None = None) -> None:
+        d = self.topo.device_index
+        self._exchange([(i, p.view[d][j], p.staging[i]) for p in parts
+                        for i, j in enumerate(self.others)])
+
+    def diffuse(self, parts: Sequence[Part], stream: None = None) -> None:
+        d, m = self.topo.device_index, self.topo.machine_index
+        self._exchange([(i, p.view[d][m], p.view[d][j]) for p in parts
+                        for i, j in enumerate(self.others)])
+
+    def all_gather(self, parts: Sequence[Part], stream: None = None) -> None:
+        d = self.topo.device_index
+        for p in parts:
+            _all_gather(p.view.view(-1), p.view[d].clone().view(-1), group=self.intra)
+
+    def flat_all_reduce(self, t: torch.Tensor, op: str, stream: None = None) -> None:
+        dist.all_reduce(t, op=_gloo_op(op), group=self.world)
+
+    def _exchange(self, moves: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        """For each (i, out, into): send ``out`` to and receive ``into`` from rail peer i.
+        Both sides list moves in the same order, so gloo's per-peer FIFO pairs them."""
+        works = []
+        for i, out, into in moves:
+            peer = self.rail_peers[i]
+            works.append(dist.isend(out, dst=peer, group=self.rail))
+            works.append(dist.irecv(into, src=peer, group=self.rail))
+        for w in works:
+            w.wait()
+
+
+# torch 2.13 renamed the flat-tensor collectives; older releases only have the old names.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
+
+def _gloo_op(op: str) -> dist.ReduceOp.RedOpType:
+    """AVG travels as SUM (gloo has no AVG; the engine divides once at the end)."""
+    return {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM,
+            "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]

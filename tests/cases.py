@@ -1,0 +1,86 @@
+"""Checks shared by the CPU (gloo) and GPU (NCCL) multi-process tests.
+
+Inputs are small integers, so every sum, max, min and average is exact in every
+dtype; the expected result is computed locally from every rank's input (no
+communication), in float64/int64, and compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.distributed as dist
+
+import ringreduce
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64)
+OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN)
+
+
+def rank_input(rank: int, n: int, dtype: torch.dtype, device: torch.device,
+               salt: int = 0) -> torch.Tensor:
+    """Integers in [-5, 5]: sums over 64 ranks stay exact even in bf16/fp16."""
+    i = torch.arange(n, dtype=torch.int64)
+    return (((i * 7 + rank * 3 + salt) % 11) - 5).to(dtype).to(device)
+
+
+def expected(world: int, n: int, dtype: torch.dtype, op: object, device: torch.device,
+             salt: int = 0) -> torch.Tensor:
+    wide = torch.int64 if not dtype.is_floating_point else torch.float64
+    stack = torch.stack([rank_input(r, n, wide, torch.device("cpu"), salt) for r in range(world)])
+    if op == dist.ReduceOp.MAX:
+        out = stack.amax(0) if n else stack.sum(0)
+    elif op == dist.ReduceOp.MIN:
+        out = stack.amin(0) if n else stack.sum(0)
+    elif op == dist.ReduceOp.AVG:
+        s = stack.sum(0)
+        out = s / world if dtype.is_floating_point else torch.div(s, world, rounding_mode="trunc")
+    else:
+        out = stack.sum(0)
+    return out.to(dtype).to(device)
+
+
+def check_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    if not torch.equal(got.cpu(), want.cpu()):
+        diff = (got.cpu().double() != want.cpu().double()).nonzero().flatten()
+        raise AssertionError(f"{what}: {diff.numel()} wrong elements, first at {diff[:5].tolist()}:"
+                             f" got {got.cpu()[diff[:5]].tolist()}, want {want.cpu()[diff[:5]].tolist()}")
+
+
+def sweep(comm: ringreduce.Communicator, sizes: list[int], device: torch.device,
+          dtypes: tuple[torch.dtype, ...] = DTYPES, ops: tuple[object, ...] = OPS) -> int:
+    """Every (size, dtype, op), alternating sync and async; returns the call count."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    calls = 0
+    for (n, dtype, op), use_async in zip(itertools.product(sizes, dtypes, ops),
+                                         itertools.cycle((False, True))):
+        t = rank_input(rank, n, dtype, device, salt=calls)
+        fut = comm.all_reduce(t, op=op, async_op=use_async)
+        if use_async:
+            assert fut is not None and fut.wait() is t
+        else:
+            assert fut is None
+        check_equal(t, expected(world, n, dtype, op, device, salt=calls),
+                    f"n={n} {dtype} {op} async={use_async} on {comm.topology}")
+        calls += 1
+    return calls
+
+
+def interleaved(comm: ringreduce.Communicator, sizes: list[int], device: torch.device) -> None:
+    """Many outstanding async all-reduces of different sizes and dtypes, then wait."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    jobs = []
+    for salt, (n, dtype) in enumerate(itertools.product(sizes, DTYPES)):
+        t = rank_input(rank, n, dtype, device, salt)
+        jobs.append((t, comm.all_reduce(t, async_op=True), n, dtype, salt))
+    for t, fut, n, dtype, salt in jobs:
+        fut.wait()
+        check_equal(t, expected(world, n, dtype, dist.ReduceOp.SUM, device, salt),
+                    f"interleaved n={n} {dtype}")
+
+
+def sizes_for(devices: int, machines: int) -> list[int]:
+    """0, 1, primes, sizes around the D*M padding boundary, and several slices."""
+    g = devices * machines
+    return sorted({0, 1, 2, 3, 5, 7, 13, 31, g - 1, g, g + 1, 2 * g + 3, 97, 257, 1021, 4099})

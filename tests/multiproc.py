@@ -1,0 +1,75 @@
+"""``run_ranks``: run a function on N local processes joined by torch.distributed.
+
+Rendezvous goes through a FileStore in a temporary directory (no fixed ports). A
+rank that raises sends its traceback back; a rank that hangs past the deadline is
+killed and the test fails naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+EnvFn = Callable[[int], dict[str, str]]
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
+              env: EnvFn | None = None, timeout: float = 300.0) -> None:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes."""
+    ctx = mp.get_context("spawn")
+    errors = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init = f"file://{os.path.join(tmp, 'store')}"
+        procs = [ctx.Process(target=_entry, daemon=True,
+                             args=(fn, rank, world_size, init, backend, env, args, errors))
+                 for rank in range(world_size)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    reports = []
+    while not errors.empty():
+        reports.append(errors.get())
+    if reports:
+        raise AssertionError("\n".join(f"rank {r} failed:\n{tb}" for r, tb in sorted(reports)))
+    if hung:
+        raise AssertionError(f"ranks {hung} did not finish within {timeout} s")
+    bad = [(rank, p.exitcode) for rank, p in enumerate(procs) if p.exitcode != 0]
+    if bad:
+        raise AssertionError(f"ranks exited abnormally (rank, exit code): {bad}")
+
+
+def _entry(fn: Callable[..., Any], rank: int, world_size: int, init: str, backend: str,
+           env: EnvFn | None, args: tuple[Any, ...], errors: Any) -> None:
+    if env is not None:
+        os.environ.update(env(rank))
+    torch.set_num_threads(1)  # CI has two cores and up to six ranks
+    try:
+        kwargs: dict[str, Any] = {}
+        if backend == "nccl":
+            device = torch.device("cuda", int(os.environ.get("RR_TEST_DEVICE", rank)))
+            torch.cuda.set_device(device)
+            kwargs["device_id"] = device
+        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size,
+                                **kwargs)
+        fn(rank, world_size, *args)
+    except BaseException:
+        errors.put((rank, traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,120 @@
+"""CPU multi-process tests: the real pipeline over gloo sub-groups, bit-exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringreduce
+
+from .cases import interleaved, sizes_for, sweep
+from .multiproc import run_ranks
+
+CPU = torch.device("cpu")
+TOPOLOGIES = [(2, 2), (1, 4), (4, 1), (3, 2), (2, 3)]  # (machines, devices per machine)
+
+
+def _count_stage_calls(comm: ringreduce.Communicator) -> dict[str, int]:
+    """Spy on the real transport: count how often each stage operation ran."""
+    counts: dict[str, int] = {}
+    transport = comm._res.transport
+    for name in ("reduce_scatter", "collect", "diffuse", "all_gather", "flat_all_reduce"):
+        real = getattr(transport, name)
+
+        def counted(*a: object, _real=real, _name=name) -> None:
+            counts[_name] = counts.get(_name, 0) + 1
+            _real(*a)
+
+        setattr(transport, name, counted)
+    return counts
+
+
+def _sweep_worker(rank: int, world: int, machines: int) -> None:
+    devices = world // machines
+    # 64-byte slices: several slices even for small tensors, tails on the last one.
+    with ringreduce.Communicator(machines=machines, min_bytes=0, slice_bytes=64) as comm:
+        topo = comm.topology
+        assert (topo.machines, topo.devices_per_machine) == (machines, devices)
+        assert topo.machine_index == rank // devices and topo.device_index == rank % devices
+        counts = _count_stage_calls(comm)
+        assert sweep(comm, sizes_for(devices, machines), CPU) > 0
+        interleaved(comm, [1, 33, 250], CPU)
+    if machines > 1:
+        assert counts.get("flat_all_reduce", 0) == 0, counts
+        assert counts["collect"] == counts["diffuse"] > 0, counts
+    else:
+        assert set(counts) == {"flat_all_reduce"}, counts
+    if devices > 1 and machines > 1:
+        assert counts["reduce_scatter"] == counts["all_gather"] == counts["collect"], counts
+    else:
+        assert "reduce_scatter" not in counts and "all_gather" not in counts, counts
+
+
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=[f"{m}x{d}" for m, d in TOPOLOGIES])
+def test_every_size_dtype_op_is_exact(machines: int, devices: int) -> None:
+    run_ranks(_sweep_worker, machines * devices, machines)
+
+
+def _slices_worker(rank: int, world: int) -> None:
+    """A tensor of many slices with a tail: the exact stage-call count proves the
+    hierarchical route ran once per slice (and not a flat all-reduce)."""
+    with ringreduce.Communicator(machines=2, min_bytes=0, slice_bytes=256) as comm:
+        counts = _count_stage_calls(comm)
+        n = 10 * 64 + 3  # fp32: 64 elements a slice -> 10 full slices + 3 elements
+        assert sweep(comm, [n], CPU, dtypes=(torch.float32,), ops=(dist.ReduceOp.SUM,)) == 1
+    assert counts == {"reduce_scatter": 11, "collect": 11, "diffuse": 11, "all_gather": 11}, counts
+
+
+def test_slices_flow_through_every_stage() -> None:
+    run_ranks(_slices_worker, 4)
+
+
+def _fast_path_worker(rank: int, world: int) -> None:
+    with ringreduce.Communicator(machines=2) as comm:  # default min_bytes: 1 MiB
+        counts = _count_stage_calls(comm)
+        assert sweep(comm, [1000], CPU, dtypes=(torch.float32,)) == 4
+        assert counts == {"flat_all_reduce": 4}, counts
+        t = torch.ones(comm.config.min_bytes // 4)  # exactly min_bytes: hierarchical
+        comm.all_reduce(t)
+        assert torch.equal(t, torch.full_like(t, world))
+        assert counts["collect"] > 0, counts
+
+
+def test_small_tensors_take_the_flat_route() -> None:
+    run_ranks(_fast_path_worker, 4)
+
+
+def _standalone_worker(rank: int, world: int) -> None:
+    t = torch.full((300,), float(rank))
+    ringreduce.all_reduce(t)
+    assert torch.equal(t, torch.full((300,), float(sum(range(world)))))
+    fut = ringreduce.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+    assert fut is not None and torch.equal(fut.wait(), torch.full((300,), float(sum(range(world)))))
+    ringreduce.release_cached()
+
+
+def test_standalone_all_reduce_with_env_machines() -> None:
+    run_ranks(_standalone_worker, 4, env=lambda rank: {"RINGREDUCE_MACHINES": "2",
+                                                       "RINGREDUCE_MIN_BYTES": "0"})
+
+
+def _host_detection_worker(rank: int, world: int) -> None:
+    with ringreduce.Communicator(min_bytes=0) as comm:
+        t = comm.topology
+        assert (t.machines, t.devices_per_machine) == (2, 3), t
+        assert t.ranks == ((0, 2, 4), (1, 3, 5)), t  # machines by host id, not rank blocks
+        assert sweep(comm, [50], CPU, dtypes=(torch.int64,)) == 4
+
+
+def test_machines_detected_from_host_identity() -> None:
+    run_ranks(_host_detection_worker, 6, env=lambda rank: {"NCCL_HOSTID": f"host{rank % 2}"})
+
+
+def _uneven_worker(rank: int, world: int) -> None:
+    with pytest.raises(ValueError, match=r"same number of ranks on every machine.*'big': 2.*'small': 1"):
+        ringreduce.Communicator()
+
+
+def test_unequal_machines_are_rejected() -> None:
+    run_ranks(_uneven_worker, 3, env=lambda rank: {"NCCL_HOSTID": "big" if rank < 2 else "small"})

@@ -1,6 +1,7 @@
-"""DDP communication hook: ``ddp_model.register_comm_hook(comm, ringreduce.ddp_hook)``."""
+"""DDP communication hook: ``ddp_model.register_comm_hook(comm, ringreduce.ddp_hook)``.
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: DDP's ``_check_comm_hook`` compares
+the evaluated annotations with ``dist.GradBucket`` and ``Future[Tensor]``."""
 
 import torch
 import torch.distributed as dist

@@ -18,11 +18,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-EnvFn = Callable[[int], dict[str, str]]
+Env = dict[str, str] | list[dict[str, str]]
+"""Variables for every rank, or one dict per rank (lambdas do not survive spawn)."""
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-              env: EnvFn | None = None, timeout: float = 300.0) -> None:
+              env: Env | None = None, timeout: float = 300.0) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes."""
     ctx = mp.get_context("spawn")
     errors = ctx.Queue()
@@ -54,9 +55,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
 
 
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, init: str, backend: str,
-           env: EnvFn | None, args: tuple[Any, ...], errors: Any) -> None:
+           env: Env | None, args: tuple[Any, ...], errors: Any) -> None:
     if env is not None:
-        os.environ.update(env(rank))
+        os.environ.update(env[rank] if isinstance(env, list) else env)
     torch.set_num_threads(1)  # CI has two cores and up to six ranks
     try:
         kwargs: dict[str, Any] = {}

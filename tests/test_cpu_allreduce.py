@@ -32,8 +32,8 @@ def _count_stage_calls(comm: ringreduce.Communicator) -> dict[str, int]:
 
 def _sweep_worker(rank: int, world: int, machines: int) -> None:
     devices = world // machines
-    # 64-byte slices: several slices even for small tensors, tails on the last one.
-    with ringreduce.Communicator(machines=machines, min_bytes=0, slice_bytes=64) as comm:
+    # 256-byte slices: up to 8 slices at these sizes, with a tail on the last one.
+    with ringreduce.Communicator(machines=machines, min_bytes=0, slice_bytes=256) as comm:
         topo = comm.topology
         assert (topo.machines, topo.devices_per_machine) == (machines, devices)
         assert topo.machine_index == rank // devices and topo.device_index == rank % devices
@@ -95,8 +95,7 @@ def _standalone_worker(rank: int, world: int) -> None:
 
 
 def test_standalone_all_reduce_with_env_machines() -> None:
-    run_ranks(_standalone_worker, 4, env=lambda rank: {"RINGREDUCE_MACHINES": "2",
-                                                       "RINGREDUCE_MIN_BYTES": "0"})
+    run_ranks(_standalone_worker, 4, env={"RINGREDUCE_MACHINES": "2", "RINGREDUCE_MIN_BYTES": "0"})
 
 
 def _host_detection_worker(rank: int, world: int) -> None:
@@ -108,13 +107,15 @@ def _host_detection_worker(rank: int, world: int) -> None:
 
 
 def test_machines_detected_from_host_identity() -> None:
-    run_ranks(_host_detection_worker, 6, env=lambda rank: {"NCCL_HOSTID": f"host{rank % 2}"})
+    run_ranks(_host_detection_worker, 6, env=[{"NCCL_HOSTID": f"host{rank % 2}"} for rank in range(6)])
 
 
 def _uneven_worker(rank: int, world: int) -> None:
-    with pytest.raises(ValueError, match=r"same number of ranks on every machine.*'big': 2.*'small': 1"):
+    rule = r"same number of ranks on every machine.*'big': 2.*'small': 1"
+    with pytest.raises(ValueError, match=rule):
         ringreduce.Communicator()
 
 
 def test_unequal_machines_are_rejected() -> None:
-    run_ranks(_uneven_worker, 3, env=lambda rank: {"NCCL_HOSTID": "big" if rank < 2 else "small"})
+    hosts = ("big", "big", "small")
+    run_ranks(_uneven_worker, 3, env=[{"NCCL_HOSTID": h} for h in hosts])

@@ -1,0 +1,100 @@
+"""GPU tests: the CUDA pipeline over real NCCL communicators (nccl4py), bit-exact.
+
+Virtual machines are emulated on one host: rank (m, d) sets ``NCCL_HOSTID=vm<m>`` and
+uses GPU d, so NCCL routes rail traffic over its network transport. Ranks of
+different virtual machines may share a GPU (NCCL accepts that across host ids), so
+a 2-GPU machine runs 2 x 2 as well as 1 x 2 and 2 x 1.
+Run with ``pytest -m gpu``; skipped without CUDA or nccl4py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ringreduce
+
+from .cases import interleaved, rank_input, sizes_for, sweep
+from .multiproc import run_ranks
+from .test_cpu_api import model, train
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(GPUS == 0, reason="needs CUDA GPUs"),
+    pytest.mark.skipif(importlib.util.find_spec("nccl") is None, reason="needs nccl4py"),
+]
+SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1"}
+TOPOLOGIES = [(m, d) for m, d in [(2, 2), (1, 4), (1, 2), (2, 1), (4, 1)] if d <= GPUS]
+
+
+def _env(machines: int, devices: int) -> list[dict[str, str]]:
+    return [{**SAFE, "NCCL_HOSTID": f"vm{r // devices}", "RR_TEST_DEVICE": str(r % devices)}
+            for r in range(machines * devices)]
+
+
+def _sweep_worker(rank: int, world: int, machines: int) -> None:
+    devices = world // machines
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm:  # hosts -> machines
+        assert (comm.topology.machines, comm.topology.devices_per_machine) == (machines, devices)
+        sizes = [*sizes_for(devices, machines), 65537, (1 << 20) + 3]
+        assert sweep(comm, sizes, dev) > 0
+        interleaved(comm, [1, 1000, 4097, 300_001, 1 << 20], dev)
+        t = rank_input(rank, 5_000_003, torch.float32, dev)
+        ref = t.clone()
+        comm.all_reduce(t)
+        dist.all_reduce(ref)  # torch's NCCL all-reduce as the reference
+        assert torch.equal(t, ref)
+    with ringreduce.Communicator() as comm:  # defaults: 1 MiB flat threshold, auto slices
+        sweep(comm, [1000, 3 << 20], dev, dtypes=(torch.float32, torch.bfloat16))
+
+
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=[f"{m}x{d}" for m, d in TOPOLOGIES])
+def test_gpu_every_size_dtype_op_is_exact(machines: int, devices: int) -> None:
+    run_ranks(_sweep_worker, machines * devices, machines, backend="nccl",
+              env=_env(machines, devices))
+
+
+def _no_sync_worker(rank: int, world: int) -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with ringreduce.Communicator(min_bytes=0) as comm:
+        t = rank_input(rank, 3_000_001, torch.float32, dev)
+        comm.all_reduce(t)  # warm up: the first call may allocate
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any host-device sync now raises
+        try:
+            for _ in range(3):
+                comm.all_reduce(t)
+                fut = comm.all_reduce(t, async_op=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert fut is not None
+        fut.wait()
+        torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs")
+def test_gpu_all_reduce_never_syncs_the_host() -> None:
+    run_ranks(_no_sync_worker, 4, backend="nccl", env=_env(2, 2))
+
+
+def _ddp_worker(rank: int, world: int) -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    reference = train(DDP(model().to(dev), bucket_cap_mb=0.01), rank, 6, dev)
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm:
+        hooked = DDP(model().to(dev), bucket_cap_mb=0.01)
+        hooked.register_comm_hook(comm, ringreduce.ddp_hook)
+        got = train(hooked, rank, 6, dev)
+        for a, b in zip(got, reference, strict=False):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs")
+def test_gpu_ddp_hook_matches_plain_ddp() -> None:
+    run_ranks(_ddp_worker, 4, backend="nccl", env=_env(2, 2))

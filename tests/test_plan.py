@@ -1,0 +1,110 @@
+"""Pure planning modules: no torch.distributed, no processes."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from ringreduce import layout, schedule, topology
+from ringreduce.config import Config
+
+GEOMETRIES = [(1, 2), (2, 2), (4, 1), (3, 2), (8, 4), (1, 1)]
+
+
+@pytest.mark.parametrize("devices,machines", GEOMETRIES)
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+def test_slices_cover_every_element_once(devices: int, machines: int, itemsize: int) -> None:
+    group = devices * machines
+    for numel, slice_bytes in itertools.product(
+            [0, 1, group - 1, group, group + 1, 1000, 65537], [1, 64, 4096, 1 << 20]):
+        plans = layout.plan_slices(numel, itemsize, devices, machines, slice_bytes)
+        covered = [i for p in plans for i in range(p.offset, p.offset + p.numel)]
+        assert covered == list(range(numel)), (numel, slice_bytes)
+        for p in plans:
+            assert p.body == devices * machines * p.k
+            assert 0 <= p.tail < group
+            assert p.tail == 0 or p is plans[-1], "only the last slice may have a tail"
+            assert p.numel * itemsize <= max(slice_bytes, group * max(itemsize, 16))
+
+
+def test_full_slices_are_aligned() -> None:
+    plans = layout.plan_slices(10_000_000, 2, 4, 2, 4 << 20)
+    for p in plans[:-1]:
+        assert (p.k * 2) % layout.ALIGN_BYTES == 0 and (p.offset * 2) % layout.ALIGN_BYTES == 0
+        assert p.numel * 2 <= 4 << 20
+
+
+def test_staging_slots_respect_budget() -> None:
+    assert layout.staging_slots(4, 2, 2, 4 << 20, 64 << 20) == 64  # 1 MiB rows -> 64 slots
+    assert layout.staging_slots(4, 2, 2, 4 << 20, 1) == 2  # never fewer than two
+    assert layout.staging_slot_elements(4, 2, 4, 1 << 20) == 3 * (1 << 20) // 4 // 8
+
+
+def test_bad_plan_arguments_raise() -> None:
+    with pytest.raises(ValueError, match="numel=-1"):
+        layout.plan_slices(-1, 4, 2, 2, 1024)
+
+
+def test_default_slice_grows_with_cluster() -> None:
+    cfg = Config()
+    assert cfg.resolved_slice_bytes(2, 2) == 4 << 20
+    assert cfg.resolved_slice_bytes(8, 32) == 512 * 1024 * 256  # shard stays 512 KiB
+    assert Config(slice_bytes=123).resolved_slice_bytes(8, 32) == 123
+
+
+def test_config_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RINGREDUCE_SLICE_BYTES", "0x1000")
+    monkeypatch.setenv("RINGREDUCE_MIN_BYTES", "0")
+    cfg = Config.from_env(staging_bytes=4096)
+    assert (cfg.slice_bytes, cfg.min_bytes, cfg.staging_bytes) == (4096, 0, 4096)
+    assert Config.from_env(min_bytes=7).min_bytes == 7  # arguments win
+    monkeypatch.setenv("RINGREDUCE_MACHINES", "two")
+    with pytest.raises(ValueError, match="RINGREDUCE_MACHINES='two'"):
+        Config.from_env()
+    with pytest.raises(ValueError, match="staging_bytes=-1"):
+        Config(staging_bytes=-1)
+
+
+def test_topology_from_host_ids_groups_by_host() -> None:
+    hosts = ["a", "b", "a", "b", "a", "b"]
+    t = topology.from_host_ids(hosts, 3)
+    assert (t.machines, t.devices_per_machine, t.machine_index, t.device_index) == (2, 3, 1, 1)
+    assert t.intra_ranks() == (1, 3, 5) and t.rail_ranks() == (2, 3) and t.rank == 3
+    assert t.all_rails() == ((0, 1), (2, 3), (4, 5))
+
+
+def test_topology_rejects_unequal_machines() -> None:
+    with pytest.raises(ValueError, match=r"'a': 3, 'b': 1"):
+        topology.from_host_ids(["a", "a", "a", "b"], 0)
+
+
+def test_virtual_machines_are_contiguous() -> None:
+    t = topology.from_virtual(6, 3, 4)
+    assert t.ranks == ((0, 1), (2, 3), (4, 5)) and (t.machine_index, t.device_index) == (2, 0)
+    with pytest.raises(ValueError, match="machines=4 must divide the world size 6"):
+        topology.from_virtual(6, 4, 0)
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_schedule_links_stages_and_reuses_slots_in_order(devices: int) -> None:
+    stages = schedule.active_stages(devices)
+    steps, cursor = schedule.plan_steps(7, True, devices, staging_slots=3, padding_slots=2,
+                                        cursor=schedule.Cursor(staging=2, padding=1))
+    assert [s.stage for s in steps] == list(stages) * 7
+    assert cursor == schedule.Cursor(staging=(2 + 7) % 3, padding=0)
+    recorded: dict[str, tuple[int, str]] = {}  # event -> (slice, stage) of last record
+    for s in steps:
+        for w in s.waits:
+            if w.startswith("staging_free"):
+                prev = recorded.get(w)  # must be the add of the slice 3 slots earlier
+                assert prev is None or prev == (s.slice_index - 3, "add"), (s, prev)
+            elif w != schedule.ENTRY and not w.startswith("padding_free"):
+                assert recorded[w] == (s.slice_index, stages[stages.index(s.stage) - 1])
+        for r in s.records:
+            recorded[r] = (s.slice_index, s.stage)
+    assert steps[0].waits[0] == schedule.ENTRY and schedule.DONE in steps[-1].records
+    assert all(s.padding_slot == 1 for s in steps if s.slice_index == 6)
+    assert all(s.padding_slot is None for s in steps if s.slice_index < 6)
+    names = set(schedule.event_names(devices, 3, 2))
+    assert {e for s in steps for e in (*s.waits, *s.records)} <= names

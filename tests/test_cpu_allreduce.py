@@ -107,7 +107,8 @@ def _host_detection_worker(rank: int, world: int) -> None:
 
 
 def test_machines_detected_from_host_identity() -> None:
-    run_ranks(_host_detection_worker, 6, env=[{"NCCL_HOSTID": f"host{rank % 2}"} for rank in range(6)])
+    hosts = [{"NCCL_HOSTID": f"host{rank % 2}"} for rank in range(6)]
+    run_ranks(_host_detection_worker, 6, env=hosts)
 
 
 def _uneven_worker(rank: int, world: int) -> None:

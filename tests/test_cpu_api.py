@@ -57,16 +57,16 @@ def model() -> nn.Module:
 CPU = torch.device("cpu")
 
 
-def train(model: nn.Module, rank: int, steps: int, device: torch.device = CPU) -> list[torch.Tensor]:
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+def train(net: nn.Module, rank: int, steps: int, device: torch.device = CPU) -> list[torch.Tensor]:
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     for step in range(steps):
         g = torch.Generator().manual_seed(1000 * rank + step)
         x, y = torch.randn(16, 37, generator=g), torch.randn(16, 5, generator=g)
         x, y = x.to(device), y.to(device)
         opt.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
+        nn.functional.mse_loss(net(x), y).backward()
         opt.step()
-    return [p.detach().clone() for p in model.parameters()]
+    return [p.detach().clone() for p in net.parameters()]
 
 
 def _ddp_worker(rank: int, world: int) -> None:

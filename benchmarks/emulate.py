@@ -170,7 +170,8 @@ def rank_env(args: argparse.Namespace, m: int, d: int, port: int) -> dict[str, s
     """torchrun's variables for rank (m, d), plus this machine's NCCL identity."""
     capped = args.mode == "capped"
     ifname = veths(m)[1] if capped else "lo"
-    env = {"RANK": str(m * args.gpus_per_machine + d),
+    rank = m * args.gpus_per_machine + d
+    env = {"RANK": str(rank),
            "WORLD_SIZE": str(args.machines * args.gpus_per_machine),
            "LOCAL_RANK": str(d), "LOCAL_WORLD_SIZE": str(args.gpus_per_machine),
            "MASTER_ADDR": f"{SUBNET}.1" if capped else "127.0.0.1", "MASTER_PORT": str(port),
@@ -178,6 +179,10 @@ def rank_env(args: argparse.Namespace, m: int, d: int, port: int) -> dict[str, s
            # gloo (the CPU path) otherwise binds to the host name's address, which
            # does not exist inside a namespace.
            "GLOO_SOCKET_IFNAME": ifname, "PYTHONUNBUFFERED": "1", **ALWAYS}
+    if args.physical_gpus:
+        # Spread ranks over the GPUs there are; with fewer GPUs than ranks, virtual
+        # machines share GPUs (NCCL accepts that because their host ids differ).
+        env |= {"CUDA_VISIBLE_DEVICES": str(rank % args.physical_gpus), "LOCAL_RANK": "0"}
     return env | (NCCL_TUNED if args.nccl_tuned else {})
 
 
@@ -249,6 +254,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--machines", type=int, required=True)
     p.add_argument("--gpus-per-machine", type=int, required=True)
     p.add_argument("--mode", choices=("capped", "loopback"), default="capped")
+    p.add_argument("--physical-gpus", type=int, default=0,
+                   help="pin rank r to GPU r %% N (CUDA_VISIBLE_DEVICES); 0: LOCAL_RANK = d")
     p.add_argument("--link-cap", default="20gbit", help="tc rate per machine, each way")
     p.add_argument("--burst", default="1mb",
                    help="tbf bucket; small against the bytes timed, so the cap holds")
@@ -256,7 +263,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--nccl-tuned", action="store_true", help=" ".join(NCCL_TUNED))
     p.add_argument("--iproute-dir", type=Path, default=REPO / ".iproute")
     args = p.parse_args(own)
-    if "--machines" in bench:
+    if any(a == "--machines" or a.startswith("--machines=") for a in bench):
         raise SystemExit("pass --machines before `--`: emulate.py gives it to the bench")
     if not 1 <= args.machines <= 253 or args.gpus_per_machine < 1:
         raise SystemExit(f"--machines {args.machines} --gpus-per-machine "

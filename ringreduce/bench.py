@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ringreduce.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
-    add("-b", "--minbytes", type=parse_size, help="smallest size (default 1M on GPU, 1K on CPU)")
+    add("-b", "--minbytes", type=parse_size, help="smallest size (default 1M on GPU, 64K on CPU)")
     add("-e", "--maxbytes", type=parse_size, help="largest size (default 256M on GPU, 4M on CPU)")
     add("-f", "--stepfactor", type=int, default=2, help="size multiplier between rows")
     add("-n", "--iters", type=int, default=20, help="timed iterations per round")
@@ -88,13 +88,21 @@ class Bench:
     op: dist.ReduceOp
 
 
+def validate(args: argparse.Namespace) -> None:
+    """Reject bad flags before any process starts."""
+    low = {"stepfactor": 2, "iters": 1, "warmup_iters": 0, "rounds": 1, "check": 0, "buckets": 1}
+    for name, least in low.items():
+        if getattr(args, name) < least:
+            raise SystemExit(f"--{name} {getattr(args, name)}: must be at least {least}")
+    if args.minbytes and args.maxbytes and args.maxbytes < args.minbytes:
+        raise SystemExit(f"-e {args.maxbytes} < -b {args.minbytes}: swap them")
+
+
 def sweep(args: argparse.Namespace, cuda: bool) -> list[int]:
-    """Sizes from -b to -e. The CPU default stays small: gloo on two cores moves
-    ~100 MB/s, so the whole default run takes seconds, not minutes."""
-    lo = args.minbytes or (1 << 20 if cuda else 1 << 10)
+    """Sizes from -b to -e. The CPU default is small: 4 gloo ranks on 2 cores take
+    ~5 ms per call, so 64K..4M (flat and hierarchical routes) runs in ~20 s."""
+    lo = args.minbytes or (1 << 20 if cuda else 64 << 10)
     hi = args.maxbytes or (256 << 20 if cuda else 4 << 20)
-    if args.stepfactor < 2 or lo < 1 or hi < lo:
-        raise ValueError(f"-b {lo} -e {hi} -f {args.stepfactor}: need 1 <= b <= e and f >= 2")
     sizes = [lo]
     while sizes[-1] * args.stepfactor <= hi:
         sizes.append(sizes[-1] * args.stepfactor)
@@ -108,35 +116,30 @@ def inputs(count: int, rank: int, b: Bench) -> torch.Tensor:
     return ((i + rank) % 7 - 3).to(b.dtype)
 
 
-def expected(count: int, b: Bench) -> torch.Tensor:
-    """The all-reduce of every rank's inputs, computed locally in float64. Element i
-    depends only on i % 7, so a 7-entry table indexed by i % 7 gives all of it."""
+def expected(count: int, b: Bench) -> tuple[torch.Tensor, float]:
+    """The all-reduce of every rank's inputs, computed locally in float64 (element i
+    depends only on i % 7: a 7-entry table gives all of it), and the tolerance: 0
+    except float AVG over a world that is not a power of two, where x / n is not
+    representable and NCCL pre-multiplies by 1/n before summing."""
     n = b.launch.world_size
     table = (torch.arange(7, dtype=torch.float64)[:, None] + torch.arange(n)[None, :]) % 7 - 3
     op = b.args.op
     col = table.amax(1) if op == "max" else table.amin(1) if op == "min" else table.sum(1)
     if op == "avg":
         col = col / n if b.dtype.is_floating_point else torch.trunc(col / n)
-    return col[torch.arange(count) % 7].to(b.dtype).to(b.device)
-
-
-def tolerance(b: Bench) -> float:
-    """0 (exact) except float AVG over a world that is not a power of two: x / n
-    is not representable there, and NCCL pre-multiplies by 1/n before summing."""
-    n = b.launch.world_size
-    if b.args.op != "avg" or not b.dtype.is_floating_point or n & (n - 1) == 0:
-        return 0.0
-    return 4 * torch.finfo(b.dtype).eps
+    rounded = op == "avg" and b.dtype.is_floating_point and n & (n - 1) != 0
+    index = torch.arange(count, device=b.device) % 7  # on the device: no host copy of S
+    return (col.to(b.device)[index].to(b.dtype),
+            4 * torch.finfo(b.dtype).eps if rounded else 0.0)
 
 
 def ringreduce_fn(b: Bench) -> Reduce:
+    """One synchronous call, or K async calls all issued before the first wait."""
     def run(bufs: list[torch.Tensor]) -> None:
-        if len(bufs) == 1:
-            b.comm.all_reduce(bufs[0], op=b.op)
-            return
-        futures = [b.comm.all_reduce(t, op=b.op, async_op=True) for t in bufs]
+        futures = [b.comm.all_reduce(t, op=b.op, async_op=len(bufs) > 1) for t in bufs]
         for future in futures:
-            future.wait()
+            if future is not None:
+                future.wait()
     return run
 
 
@@ -194,8 +197,8 @@ def check_loop(reduce: Reduce, bufs: list[torch.Tensor], pattern: torch.Tensor,
 def measure(b: Bench, size: int) -> dict[str, Any]:
     """One row: both implementations, interleaved over rounds."""
     a, cuda = b.args, b.device.type == "cuda"
-    count = size // torch.empty((), dtype=b.dtype).element_size()
-    pattern, want, tol = inputs(count, b.launch.rank, b), expected(count, b), tolerance(b)
+    count = size // b.dtype.itemsize
+    pattern, (want, tol) = inputs(count, b.launch.rank, b), expected(count, b)
     bufs = [pattern.clone() for _ in range(a.buckets)]
     impls = (ringreduce_fn(b), reference_fn(b))
     for reduce in impls:
@@ -218,8 +221,7 @@ def measure(b: Bench, size: int) -> dict[str, Any]:
 
 def make_row(b: Bench, count: int, seconds: list[float], wrong: list[int]) -> dict[str, Any]:
     """nccl-tests figures; with --buckets K, one iteration moves K * size bytes."""
-    a, n = b.args, b.launch.world_size
-    size = count * torch.empty((), dtype=b.dtype).element_size()
+    a, n, size = b.args, b.launch.world_size, count * b.dtype.itemsize
     row: dict[str, Any] = {"size": size, "count": count, "type": a.datatype,
                            "redop": a.op, "buckets": a.buckets}
     t_min = link_bound(size * a.buckets, b.comm.topology.machines, a.link_gbit)
@@ -241,33 +243,37 @@ def link_bound(total_bytes: int, machines: int, link_gbit: float | None) -> floa
     return 2 * total_bytes * (machines - 1) / (machines * link_gbit * 1e9 / 8)
 
 
+#: Per implementation: (heading, row key suffix, width, format).
+_COLUMNS = (("time(us)", "time_us", 10, ".1f"), ("algbw", "algbw", 7, ".2f"),
+            ("busbw", "busbw", 7, ".2f"), ("#wrong", "wrong", 7, ""))
+
+
 def header(b: Bench) -> str:
     a, topo = b.args, b.comm.topology
     ref = b.backend + ("(sum+div)" if a.op == "avg" and b.backend != "nccl" else "")
-    eff = f"  {'eff rr':>6} {'eff ref':>7}" if a.link_gbit else ""
+    sub = "".join(f" {h:>{w}}" for h, _, w, _ in _COLUMNS)
+    nccl = " ".join(f"{k}={v}" for k, v in nccl_variables().items()) or "(none)"
     return "\n".join([
         f"# ringreduce.bench  world {b.launch.world_size} = {topo.machines} machines x "
         + f"{topo.devices_per_machine} devices  launcher {b.launch.launcher}",
         f"# {a.datatype} {a.op}  buckets {a.buckets}  iters {a.iters}  warmup {a.warmup_iters}"
         + f"  rounds {a.rounds}  check {a.check}  link {a.link_gbit} Gbit/s",
         f"# ringreduce: {b.comm.describe()}",
-        f"# NCCL env: {' '.join(f'{k}={v}' for k, v in nccl_variables().items()) or '(none)'}",
-        f"#{'':>39}  {'ringreduce':<35}  {ref:<35}",
-        f"#{'size':>11} {'count':>12} {'type':>8} {'redop':>6}"
-        + f"  {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>7}" * 2
-        + f"  {'ratio':>6}{eff}",
+        f"# NCCL env: {nccl}",
+        f"#{'':>40} {'ringreduce':<{len(sub)}} {ref}",
+        f"#{'size':>11} {'count':>12} {'type':>8} {'redop':>6} {sub} {sub}  {'ratio':>6}"
+        + (f"  {'eff rr':>6} {'eff ref':>7}" if a.link_gbit else ""),
     ])
 
 
 def format_row(row: dict[str, Any]) -> str:
     text = f"{row['size']:>12} {row['count']:>12} {row['type']:>8} {row['redop']:>6}"
     for name in ("rr", "ref"):
-        text += (f"  {row[f'{name}_time_us']:>10.1f} {row[f'{name}_algbw']:>7.2f}"
-                 f" {row[f'{name}_busbw']:>7.2f} {row[f'{name}_wrong']:>7}")
+        text += " " + "".join(f" {row[f'{name}_{key}']:>{w}{f}}" for _, key, w, f in _COLUMNS)
     text += f"  {row['ratio']:>6.2f}"
-    if "rr_link_eff" in row:
-        text += "".join(f"  {'n/a' if e is None else f'{e:.2f}':>6}"
-                        for e in (row["rr_link_eff"], row["ref_link_eff"]))
+    for name in ("rr", "ref") if "rr_link_eff" in row else ():
+        eff = row[f"{name}_link_eff"]
+        text += f"  {'n/a' if eff is None else f'{eff:.2f}':>6}"
     return text
 
 
@@ -278,8 +284,8 @@ def run_sweep(b: Bench) -> list[dict[str, Any]]:
         print(header(b), flush=True)
     rows = []
     for size in sweep(b.args, b.device.type == "cuda"):
-        if size < torch.empty((), dtype=b.dtype).element_size():
-            continue
+        if size < b.dtype.itemsize:
+            continue  # no element fits (nccl-tests skips these too)
         rows.append(measure(b, size))
         if leader:
             print(format_row(rows[-1]), flush=True)
@@ -291,7 +297,7 @@ def run_sweep(b: Bench) -> list[dict[str, Any]]:
 def write_outputs(b: Bench, rows: list[dict[str, Any]]) -> None:
     topo, a = b.comm.topology, b.args
     meta = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "argv": sys.argv, "torch": torch.__version__, "backend": b.backend,
+            "argv": sys.argv[1:], "torch": torch.__version__, "backend": b.backend,
             "device": torch.cuda.get_device_name() if b.device.type == "cuda" else "cpu",
             "launcher": b.launch.launcher, "world_size": b.launch.world_size,
             "machines": topo.machines, "devices_per_machine": topo.devices_per_machine,
@@ -328,9 +334,8 @@ def bench_rank(args: argparse.Namespace, launch: Launch,
     comm = ringreduce.Communicator(None, machines=args.machines, slice_bytes=args.slice_bytes,
                                    staging_bytes=args.staging_bytes, min_bytes=args.min_bytes)
     try:
-        backend = dist.get_backend()
-        return run_sweep(Bench(args, comm, launch, backend, device, DTYPES[args.datatype],
-                               OPS[args.op]))
+        return run_sweep(Bench(args, comm, launch, dist.get_backend(), device,
+                               DTYPES[args.datatype], OPS[args.op]))
     finally:
         comm.close()
 
@@ -338,6 +343,7 @@ def bench_rank(args: argparse.Namespace, launch: Launch,
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Parse flags, start or join the ranks; returns rank 0's rows (own rows when launched)."""
     args = build_parser().parse_args(argv)
+    validate(args)
     standalone = detect().launcher == "standalone"
     if standalone and args.machines is None and not torch.cuda.is_available():
         # Without GPUs, the default run emulates 2 machines x 2 devices (the smallest

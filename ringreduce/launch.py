@@ -15,15 +15,16 @@ mpich       PMI_RANK, PMI_SIZE     MPI_LOCALRANKID,      MASTER_* or mpi4py
 (Hydra,                            MPI_LOCALNRANKS
 Intel MPI)
 slurm       SLURM_PROCID,          SLURM_LOCALID,        MASTER_* or mpi4py
-            SLURM_NTASKS           SLURM_NTASKS_PER_NODE
+            SLURM_NTASKS           SLURM_(N)TASKS_PER_NODE
 none        standalone: the benchmark spawns its own processes
 ==========  =====================  ====================  ==========================
 
-Slurm exports SLURM_NTASKS (and SLURM_PROCID=0 in the batch step) to every shell
-of an allocation, so a plain ``python`` in an ``sbatch`` script or ``salloc`` shell
-would wait forever for ranks that never start; Slurm counts as the launcher only when
-SLURM_PROCID is set and SLURM_NTASKS > 1. This module (not ringreduce.config) reads
-these variables because they describe the benchmark's launch, not the library.
+Slurm exports SLURM_NTASKS (and SLURM_PROCID=0) to every shell of an allocation, so
+a plain ``python`` in an ``sbatch`` script or ``salloc`` shell would wait forever for
+ranks that never start. Slurm counts as the launcher only when SLURM_PROCID is set,
+SLURM_NTASKS > 1 and SLURM_STEP_ID is set (srun sets it; sbatch and salloc do not).
+This module (not ringreduce.config) reads these variables because they describe the
+benchmark's launch, not the library.
 
 :func:`run_ranks` then joins the process group (nccl with one GPU per local rank, else
 gloo) and runs a function on every rank; without a launcher it spawns the ranks itself.
@@ -75,7 +76,7 @@ def detect(environ: Mapping[str, str] | None = None) -> Launch:
     for name, rank, size, local_rank, local_size in _LAUNCHERS:
         if rank not in env or size not in env:
             continue
-        if name == "slurm" and _int(env, size) <= 1:
+        if name == "slurm" and (_int(env, size) <= 1 or "SLURM_STEP_ID" not in env):
             continue
         return Launch(
             launcher=name,

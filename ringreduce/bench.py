@@ -150,9 +150,10 @@ def reference_fn(b: Bench) -> Reduce:
     op = dist.ReduceOp.SUM if emulate_avg else b.op
 
     def run(bufs: list[torch.Tensor]) -> None:
-        works = [dist.all_reduce(t, op=op, async_op=True) for t in bufs]
+        works = [dist.all_reduce(t, op=op, async_op=len(bufs) > 1) for t in bufs]
         for work in works:
-            work.wait()
+            if work is not None:
+                work.wait()
         if emulate_avg:
             n = b.launch.world_size
             for t in bufs:
@@ -160,22 +161,27 @@ def reference_fn(b: Bench) -> Reduce:
     return run
 
 
-def time_loop(reduce: Reduce, bufs: list[torch.Tensor], iters: int, cuda: bool) -> float:
-    """Seconds per iteration of ``iters`` back-to-back calls. CUDA events time the
-    device work only; the barrier first keeps one late rank from being timed."""
+def time_loop(reduce: Reduce, bufs: list[torch.Tensor], iters: int,
+              cuda: bool) -> tuple[float, float]:
+    """Seconds per iteration of ``iters`` back-to-back calls: (device time, host time
+    to issue). CUDA events time the device work; the host clock times how long the
+    calls kept the CPU busy (target T6). The barrier keeps a late rank out of it."""
     dist.barrier()
     if not cuda:
         start = time.perf_counter()
         for _ in range(iters):
             reduce(bufs)
-        return (time.perf_counter() - start) / iters
+        host = (time.perf_counter() - start) / iters
+        return host, host
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
+    start = time.perf_counter()
     for _ in range(iters):
         reduce(bufs)
+    host = (time.perf_counter() - start) / iters
     end.record()
     end.synchronize()
-    return begin.elapsed_time(end) / 1e3 / iters
+    return begin.elapsed_time(end) / 1e3 / iters, host
 
 
 def check_loop(reduce: Reduce, bufs: list[torch.Tensor], pattern: torch.Tensor,
@@ -205,18 +211,22 @@ def measure(b: Bench, size: int) -> dict[str, Any]:
         for _ in range(a.warmup_iters):
             reduce(bufs)
     times = torch.zeros(2, a.rounds, dtype=torch.float64)
+    host = torch.zeros(2, a.rounds, dtype=torch.float64)
     wrong = torch.zeros(2, dtype=torch.int64)
     for r in range(a.rounds):
         for i, reduce in enumerate(impls):
             wrong[i] += check_loop(reduce, bufs, pattern, want, a.check, tol)
             for t in bufs:
                 t.copy_(pattern)  # keep SUM from overflowing to inf/NaN while timed
-            times[i, r] = time_loop(reduce, bufs, a.iters, cuda)
-    times, wrong = times.to(b.device), wrong.to(b.device)
+            times[i, r], host[i, r] = time_loop(reduce, bufs, a.iters, cuda)
+    times, host, wrong = times.to(b.device), host.to(b.device), wrong.to(b.device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    dist.all_reduce(host, op=dist.ReduceOp.MAX)
     dist.all_reduce(wrong, op=dist.ReduceOp.SUM)
-    median = times.cpu().median(dim=1).values.tolist()
-    return make_row(b, count, median, wrong.tolist())
+    row = make_row(b, count, times.cpu().median(dim=1).values.tolist(), wrong.tolist())
+    for name, value in zip(("rr", "ref"), host.cpu().median(dim=1).values.tolist(), strict=True):
+        row[f"{name}_host_us"] = value * 1e6 / a.buckets  # per all_reduce call
+    return row
 
 
 def make_row(b: Bench, count: int, seconds: list[float], wrong: list[int]) -> dict[str, Any]:
@@ -244,7 +254,8 @@ def link_bound(total_bytes: int, machines: int, link_gbit: float | None) -> floa
 
 
 #: Per implementation: (heading, row key suffix, width, format).
-_COLUMNS = (("time(us)", "time_us", 10, ".1f"), ("algbw", "algbw", 7, ".2f"),
+_COLUMNS = (("time(us)", "time_us", 10, ".1f"), ("host(us)", "host_us", 8, ".1f"),
+            ("algbw", "algbw", 7, ".2f"),
             ("busbw", "busbw", 7, ".2f"), ("#wrong", "wrong", 7, ""))
 
 

@@ -29,16 +29,19 @@ MIN_SLICE_BYTES = 4 * MiB
 #: `collect`; 64 MiB keeps 16+ slices of 4 MiB in flight, like Fairring's 50 MiB.
 DEFAULT_STAGING_BYTES = 64 * MiB
 
-#: Below this size the hierarchical path's five launches cost more than they save:
-#: NCCL's flat all-reduce is latency-bound there (FINDINGS.md: two-level wins start
-#: at a few MiB), so smaller tensors take NCCL's all-reduce (a documented fast path).
-DEFAULT_MIN_BYTES = 1 * MiB
+#: Below this size the hierarchical path's launches cost more than they save. Measured
+#: on emulated 2 x 1 machines (benchmarks/results/2026-11-23-h200x2-core): the pipeline
+#: ran at 0.66-0.78x NCCL at 1 MiB and 0.75-0.97x at 4 MiB (one slice, nothing to
+#: overlap), 1.0-1.24x from 16 MiB; FINDINGS.md saw a two-level scheme win from 4 MiB
+#: at 2 x 2. So tensors below 2 MiB take NCCL's own all-reduce (a documented fast path).
+DEFAULT_MIN_BYTES = 2 * MiB
 
 _ENV = {
     "machines": "RINGREDUCE_MACHINES",
     "slice_bytes": "RINGREDUCE_SLICE_BYTES",
     "staging_bytes": "RINGREDUCE_STAGING_BYTES",
     "min_bytes": "RINGREDUCE_MIN_BYTES",
+    "rail_channels": "RINGREDUCE_RAIL_CHANNELS",
 }
 
 
@@ -63,8 +66,14 @@ class Config:
     """Tensors smaller than this take the flat all-reduce (``RINGREDUCE_MIN_BYTES``);
     0 forces the hierarchical path at every size."""
 
+    rail_channels: int | None = None
+    """NCCL channels per network peer on the rail communicators (``collect``,
+    ``diffuse``; ``RINGREDUCE_RAIL_CHANNELS``), set per communicator through
+    ``ncclConfig_t.nChannelsPerNetPeer``. ``None``: NCCL's default. Point-to-point
+    traffic to one peer uses few channels, hence few sockets, unless raised."""
+
     def __post_init__(self) -> None:
-        for name in ("machines", "slice_bytes"):
+        for name in ("machines", "slice_bytes", "rail_channels"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be a positive int or None")
@@ -110,15 +119,3 @@ def host_identity() -> str:
     except OSError:
         boot = ""
     return f"{socket.gethostname()}/{boot}"
-
-
-def ensure_nccl_launch_order() -> str | None:
-    """Ask NCCL (>= 2.26) to launch kernels of different communicators on a device in
-    host issue order. ringreduce issues every NCCL call from one thread in the same
-    order on every rank; without this a GPU may start stage kernels of different
-    communicators in another order than its peers and deadlock. Returns the user's
-    own value when one was set (it is respected), else None."""
-    previous = os.environ.get("NCCL_LAUNCH_ORDER_IMPLICIT")
-    if previous is None:
-        os.environ["NCCL_LAUNCH_ORDER_IMPLICIT"] = "1"
-    return previous

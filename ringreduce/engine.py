@@ -22,7 +22,7 @@ import torch.distributed as dist
 from . import layout, schedule
 from .config import Config
 from .errors import RingReduceError
-from .pipeline import FLAT, run_flat, run_steps
+from .pipeline import FLAT, flat_here, run_flat, run_steps
 from .resources import Resources, build_resources
 from .topology import Topology
 
@@ -73,7 +73,8 @@ class Communicator:
         return (f"{t.machines} machines x {t.devices_per_machine} devices, "
                 f"{'cuda (nccl ' + str(r.nccl_version) + ')' if r.is_cuda else 'cpu (gloo)'}, "
                 f"slice_bytes={r.slice_bytes}, staging_bytes={self.config.staging_bytes} "
-                f"({r.staging_slots} slots), min_bytes={self.config.min_bytes}")
+                f"({r.staging_slots} slots), min_bytes={self.config.min_bytes}, "
+                f"rail_channels={self.config.rail_channels or 'nccl default'}")
 
     def all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                    async_op: bool = False) -> torch.futures.Future[torch.Tensor] | None:
@@ -120,27 +121,33 @@ class Communicator:
         return (self._res.topo.machines == 1
                 or t.numel() * t.element_size() < self.config.min_bytes)
 
-    def _execute(self, t: torch.Tensor, op: str) -> str:
-        """Issue (CUDA) or run (CPU) one call; returns the last stream's stage name."""
+    def _execute(self, t: torch.Tensor, op: str, inline: bool = True) -> str:
+        """Issue (CUDA) or run (CPU) one call. Returns the stage whose stream ends the
+        call, or "" when the work went onto the caller's stream (nothing to wait for)."""
         if t.numel() == 0:
             return ""
-        res = self._res
-        res.sync.enter()
+        res, ctx = self._res, self._ctx()
         if self._route_flat(t):
-            run_flat(t.view(-1), op, self._ctx())
+            if inline:
+                stream = torch.cuda.current_stream().cuda_stream if res.is_cuda else None
+                flat_here(t.view(-1), op, ctx, stream)
+                return ""
+            res.sync.enter()
+            run_flat(t.view(-1), op, ctx)
             return FLAT
+        res.sync.enter()
         topo = res.topo
         plans = layout.plan_slices(t.numel(), t.element_size(), topo.devices_per_machine,
                                    topo.machines, res.slice_bytes)
         steps, self._cursor = schedule.plan_steps(
             len(plans), plans[-1].tail > 0, topo.devices_per_machine, res.staging_slots,
             layout.PADDING_SLOTS, self._cursor)
-        run_steps(steps, t.view(-1), plans, op, self._ctx())
+        run_steps(steps, t.view(-1), plans, op, ctx)
         return schedule.active_stages(topo.devices_per_machine)[-1]
 
     def _issue_cuda(self, t: torch.Tensor, op: str,
                     async_op: bool) -> torch.futures.Future[torch.Tensor] | None:
-        last = self._execute(t, op)
+        last = self._execute(t, op, inline=not async_op)
         sync = self._res.sync
         if not async_op:
             if last:

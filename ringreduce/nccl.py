@@ -71,17 +71,32 @@ def new_unique_id() -> bytes:
     return bytes(_core.get_unique_id())
 
 
+def config(channels_per_net_peer: int | None = None) -> Any:
+    """Per-communicator settings (ncclConfig_t), so that nothing process-wide changes
+    for the user's own NCCL communicators:
+      blocking=True          calls return when enqueued (the watchdog variant with
+                             non-blocking communicators is the reliability issue's);
+      launch_order_implicit  (NCCL >= 2.26) kernels of ringreduce's communicators start
+                             on a GPU in host issue order. Stages use four communicators
+                             on five streams; without it two GPUs could start them in
+                             different orders and wait on each other forever;
+      n_channels_per_net_peer  how many channels (sockets) send/recv to one network
+                             peer may use: the rail stages are send/recv."""
+    _require()
+    return _core.NCCLConfig(blocking=True, launch_order_implicit=True,
+                            n_channels_per_net_peer=channels_per_net_peer)
+
+
 def init(world_size: int, rank: int, unique_id: bytes) -> Comm:
-    """ncclCommInitRankConfig: a blocking communicator (see reliability issue for
-    the non-blocking watchdog variant)."""
+    """ncclCommInitRankConfig."""
     _require()
     uid = _core.UniqueId.from_bytes(unique_id)
-    return _core.Communicator.init(world_size, rank, uid, _core.NCCLConfig(blocking=True))
+    return _core.Communicator.init(world_size, rank, uid, config())
 
 
-def split(parent: Comm, color: int, key: int) -> Comm:
+def split(parent: Comm, color: int, key: int, channels_per_net_peer: int | None = None) -> Comm:
     """ncclCommSplit: collective over the parent; ranks with one color form a child."""
-    return parent.split(color=color, key=key)
+    return parent.split(color=color, key=key, config=config(channels_per_net_peer))
 
 
 @contextmanager

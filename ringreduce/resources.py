@@ -7,7 +7,6 @@ world communicator whose unique id travels through the same store.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,12 +14,10 @@ import torch
 import torch.distributed as dist
 
 from . import layout, nccl, schedule, topology
-from .config import Config, ensure_nccl_launch_order, host_identity
+from .config import Config, host_identity
 from .pipeline import Buffers, CudaStreams, HostOrder
 from .topology import Topology
 from .transport import GlooTransport, NcclTransport
-
-log = logging.getLogger("ringreduce")
 
 
 @dataclass
@@ -61,7 +58,7 @@ def build_resources(group: dist.ProcessGroup, config: Config) -> Resources:
                       layout.PADDING_SLOTS, device)
     res = Resources(topo, is_cuda, device, slice_bytes, slots, None, None, buffers)
     if is_cuda:
-        _build_cuda(res, store)
+        _build_cuda(res, store, config.rail_channels)
     else:
         _build_cpu(res, group)
     return res
@@ -86,11 +83,7 @@ def _staging_geometry(topo: Topology, slice_bytes: int, budget: int) -> tuple[in
     return slot, max(2, budget // slot)
 
 
-def _build_cuda(res: Resources, store: dist.Store) -> None:
-    own = ensure_nccl_launch_order()
-    if own is not None and own != "1":
-        log.warning("NCCL_LAUNCH_ORDER_IMPLICIT=%s: stage kernels of different NCCL "
-                    "communicators may start in different orders on different GPUs", own)
+def _build_cuda(res: Resources, store: dist.Store, rail_channels: int | None) -> None:
     topo = res.topo
     if topo.rank == 0:
         store.set("nccl/world", nccl.new_unique_id())
@@ -102,7 +95,8 @@ def _build_cuda(res: Resources, store: dist.Store) -> None:
             comms[stage] = nccl.split(world, topo.machine_index, topo.device_index)
     if topo.machines > 1:
         for stage in ("collect", "diffuse"):
-            comms[stage] = nccl.split(world, topo.device_index, topo.machine_index)
+            comms[stage] = nccl.split(world, topo.device_index, topo.machine_index,
+                                      rail_channels)
     res.nccl_version = nccl.version()
     res.transport = NcclTransport(topo, comms)
     res.sync = CudaStreams(res.device, schedule.event_names(

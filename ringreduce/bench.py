@@ -15,11 +15,14 @@ shows the median over rounds. Checked iterations (-c) run outside the timed loop
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import datetime
 import functools
 import json
+import pstats
 import re
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -72,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--json", help="write {meta, rows} here")
     add("--plot", help="write a busbw-vs-size PNG here (needs matplotlib)")
     add("--nprocs", type=int, help="processes to spawn without a launcher (default 4 on CPU)")
+    add("--host-profile", type=parse_size, metavar="BYTES",
+        help="after the sweep: host time of one call of BYTES on an idle pipeline, and a "
+             "cProfile of it (rank 0)")
     return p
 
 
@@ -339,14 +345,44 @@ def plot(rows: list[dict[str, Any]], path: str, title: str, reference: str) -> N
     plt.close(fig)
 
 
+def host_profile(b: Bench, size: int) -> None:
+    """Target T6: host time of one ringreduce call when nothing else is queued (so no
+    NCCL back-pressure is counted), median of 20; then where one call's time goes."""
+    t = inputs(size // b.dtype.itemsize, b.launch.rank, b)
+    sync = torch.cuda.synchronize if b.device.type == "cuda" else (lambda: None)
+    samples = []
+    for i in range(23):
+        sync()
+        dist.barrier()
+        start = time.perf_counter()
+        b.comm.all_reduce(t, op=b.op)
+        if i >= 3:  # the first calls allocate and connect
+            samples.append(time.perf_counter() - start)
+    sync()
+    profile = cProfile.Profile()
+    dist.barrier()
+    profile.enable()
+    b.comm.all_reduce(t, op=b.op)
+    profile.disable()
+    sync()
+    if b.launch.rank == 0:
+        print(f"# host time per call, {size} bytes, idle pipeline: median "
+              f"{statistics.median(samples) * 1e6:.1f} us (min {min(samples) * 1e6:.1f})")
+        pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(14)
+
+
 def bench_rank(args: argparse.Namespace, launch: Launch,
                device: torch.device) -> list[dict[str, Any]]:
     """One rank, inside its process group: build the Communicator, run the sweep."""
     comm = ringreduce.Communicator(None, machines=args.machines, slice_bytes=args.slice_bytes,
                                    staging_bytes=args.staging_bytes, min_bytes=args.min_bytes)
     try:
-        return run_sweep(Bench(args, comm, launch, dist.get_backend(), device,
-                               DTYPES[args.datatype], OPS[args.op]))
+        b = Bench(args, comm, launch, dist.get_backend(), device, DTYPES[args.datatype],
+                  OPS[args.op])
+        rows = run_sweep(b)
+        if args.host_profile:
+            host_profile(b, args.host_profile)
+        return rows
     finally:
         comm.close()
 

@@ -185,8 +185,8 @@ class _Context:
     """What pipeline functions need from a communicator, for one call."""
 
     def __init__(self, res: Resources, op_number: int) -> None:
-        self.topo, self.transport, self.sync, self.buffers = \
-            res.topo, res.transport, res.sync, res.buffers
+        self.topo, self.transport, self.sync, self.buffers, self.kernels = \
+            res.topo, res.transport, res.sync, res.buffers, res.kernels
         self.op_number = op_number
 
 

@@ -194,7 +194,10 @@ def _run_stage(stage: str, parts: Sequence[Part], op: str, ctx: Any) -> None:
     if stage == "add":
         d, m = ctx.topo.device_index, ctx.topo.machine_index
         for p in parts:
-            add(p.view[d][m], p.staging, op, ctx.topo.world_size)
+            if ctx.kernels is not None:
+                ctx.kernels.add(p.view[d][m], p.staging, op, ctx.topo.world_size, handle)
+            else:
+                add(p.view[d][m], p.staging, op, ctx.topo.world_size)
     elif stage == "reduce_scatter":
         ctx.transport.reduce_scatter(parts, op, handle)
     else:

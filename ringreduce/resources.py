@@ -7,17 +7,20 @@ world communicator whose unique id travels through the same store.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import layout, nccl, schedule, topology
+from . import kernels, layout, nccl, schedule, topology
 from .config import Config, host_identity
 from .pipeline import Buffers, CudaStreams, HostOrder
 from .topology import Topology
 from .transport import GlooTransport, NcclTransport
+
+log = logging.getLogger("ringreduce")
 
 
 @dataclass
@@ -31,6 +34,8 @@ class Resources:
     sync: Any
     buffers: Buffers
     nccl_version: int = 0
+    kernels: Any = None
+    """native/ kernels (CUDA with cupy); None: the add stage uses torch ops."""
     release_steps: list[Any] = field(default_factory=list)
 
     def release(self) -> None:
@@ -98,6 +103,11 @@ def _build_cuda(res: Resources, store: dist.Store, rail_channels: int | None) ->
             comms[stage] = nccl.split(world, topo.device_index, topo.machine_index,
                                       rail_channels)
     res.nccl_version = nccl.version()
+    if kernels.available():
+        res.kernels = kernels.Kernels(res.device)
+    elif topo.rank == 0:
+        log.warning("cupy is not importable: the add stage uses torch ops instead of the "
+                    "fused native/add.cu kernel; install ringreduce[cu12] or [cu13]")
     res.transport = NcclTransport(topo, comms)
     res.sync = CudaStreams(res.device, schedule.event_names(
         topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))

@@ -98,3 +98,26 @@ def _ddp_worker(rank: int, world: int) -> None:
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs")
 def test_gpu_ddp_hook_matches_plain_ddp() -> None:
     run_ranks(_ddp_worker, 4, backend="nccl", env=_env(2, 2))
+
+
+def _graph_worker(rank: int, world: int) -> None:
+    """Capture comm.all_reduce in a CUDA graph, replay it on new data: exact results."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=1 << 20) as comm:
+        t = rank_input(rank, 3_000_017, torch.float32, dev)
+        comm.all_reduce(t)  # warm up outside the capture (allocations, NCCL connections)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            comm.all_reduce(t)
+        for salt in (1, 2):
+            t.copy_(rank_input(rank, t.numel(), torch.float32, dev, salt))
+            graph.replay()
+            torch.cuda.synchronize()
+            want = sum(rank_input(r, t.numel(), torch.float64, dev, salt) for r in range(world))
+            assert torch.equal(t, want.float()), f"replay with salt {salt}"
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs")
+def test_gpu_all_reduce_captures_in_cuda_graph() -> None:
+    run_ranks(_graph_worker, 4, backend="nccl", env=_env(2, 2))

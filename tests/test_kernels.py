@@ -31,7 +31,7 @@ def kernels():  # type: ignore[no-untyped-def]
 
 def _small_ints(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(-9, 10, shape, generator=g).to(dtype).cuda()
+    return torch.randint(-9, 10, shape, generator=g).to(dtype).cuda()  # shape: a tuple
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -41,7 +41,7 @@ def test_add_matches_torch(kernels, dtype: torch.dtype, op: str) -> None:  # typ
     for k, nrows, offset in itertools.product([1, 7, 8, 4097, (1 << 20) + 3], [1, 3],
                                               [0, 1]):
         # offset 1 shifts every row off 16-byte alignment: the scalar variant runs.
-        base = _small_ints((nrows + 1) * k + offset, dtype, seed=k + nrows)
+        base = _small_ints(((nrows + 1) * k + offset,), dtype, seed=k + nrows)
         own, rows = base[offset:offset + k], base[offset + k:].view(nrows, k)
         want = own.clone()
         reference.add(want, rows.clone(), op, world_size=6)

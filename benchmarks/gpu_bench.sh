@@ -2,13 +2,8 @@
 # One device call: the remaining GPU tests, then the benchmark sweep, tables last.
 # Usage on the GPU machine (carry .whl and .iproute): bash benchmarks/gpu_bench.sh
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-NGPU=$(nvidia-smi -L | wc -l)
+. "$(dirname "$0")/gpu_env.sh"
 E="python3 benchmarks/emulate.py --physical-gpus $NGPU"
-B="-n 10 -w 3 -r 3 -c 1"
 run() { local name=$1; shift; echo "### $name: $*" >> "$OUT/bench.log"; "$@" > "$OUT/$name.txt" 2>&1; echo "$name rc=$?"; }
 [ "${SKIP_TESTS:-0}" = 1 ] || python3 -m pytest -m gpu tests/test_gpu.py -v -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} \
   > "$OUT/gpu_tests.log" 2>&1; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu_tests.log" | tail -12

@@ -2,13 +2,8 @@
 # One device call: kernel + GPU tests, kernel bandwidth (T8), then capped and loopback
 # 2 x 2 sweeps (virtual machines share the GPUs when fewer than 4), host time (T6).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-NGPU=$(nvidia-smi -L | wc -l)
+. "$(dirname "$0")/gpu_env.sh"
 E="python3 benchmarks/emulate.py --physical-gpus $NGPU --machines 2 --gpus-per-machine 2"
-B="-n 10 -w 3 -r 3 -c 1"
 LOG="$OUT/final.log"; : > "$LOG"
 run() { local name=$1; shift; { echo "=== $name: $*"; "$@" 2>&1 | grep -vE "Warning|warn|return func|^W1|^\s*$|^\[rank"; } >> "$LOG"; }
 python3 -m pytest -m gpu tests/test_kernels.py tests/test_gpu.py -p no:cacheprovider -v \

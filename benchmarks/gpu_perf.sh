@@ -2,13 +2,8 @@
 # One device call for tuning: GPU tests (2x2), then one-machine, loopback (default and
 # tuned sockets, several rail channel counts) and capped sweeps. Tables last.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-NGPU=$(nvidia-smi -L | wc -l)
+. "$(dirname "$0")/gpu_env.sh"
 E="python3 benchmarks/emulate.py --physical-gpus $NGPU --machines 2 --gpus-per-machine 1"
-B="-n 10 -w 3 -r 3 -c 1"
 LOG="$OUT/perf.log"; : > "$LOG"
 run() { local name=$1; shift; { echo "=== $name: ${RINGREDUCE_RAIL_CHANNELS:+RINGREDUCE_RAIL_CHANNELS=$RINGREDUCE_RAIL_CHANNELS} $*"; "$@" 2>&1 | grep -E "^#|^ *[0-9]|Error"; } >> "$LOG"; }
 python3 -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -k "${TESTS_K:-2x2 or no_sync}" > "$OUT/gpu_tests.log" 2>&1

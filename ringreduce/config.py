@@ -42,7 +42,15 @@ _ENV = {
     "staging_bytes": "RINGREDUCE_STAGING_BYTES",
     "min_bytes": "RINGREDUCE_MIN_BYTES",
     "rail_channels": "RINGREDUCE_RAIL_CHANNELS",
+    "timeout_s": "RINGREDUCE_TIMEOUT",
+    "debug": "RINGREDUCE_DEBUG",
+    "flight_records": "RINGREDUCE_FLIGHT_RECORDS",
+    "flight_file": "RINGREDUCE_FLIGHT_FILE",
 }
+
+#: torch's ProcessGroupNCCL watchdog default: long enough for any single all-reduce
+#: of a real model, short enough that a dead peer does not hold a job for hours.
+DEFAULT_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,29 @@ class Config:
     ``ncclConfig_t.nChannelsPerNetPeer``. ``None``: NCCL's default. Point-to-point
     traffic to one peer uses few channels, hence few sockets, unless raised."""
 
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    """Deadline of one operation in seconds (``RINGREDUCE_TIMEOUT``). On the CPU path
+    the gloo sub-groups time out after it; the operation then raises
+    RingReduceError and the communicator refuses further work."""
+
+    debug: bool = False
+    """Check before every call that all ranks issue the same (operation number,
+    numel, dtype, op) (``RINGREDUCE_DEBUG=1``); a mismatch raises on every rank
+    instead of hanging or corrupting. Costs a store round trip per call."""
+
+    flight_records: int = 64
+    """Operations kept by the flight recorder (``RINGREDUCE_FLIGHT_RECORDS``); they
+    are dumped to the log when an operation fails."""
+
+    flight_file: str | None = None
+    """Also write the flight recorder's dump, as JSON, to this path
+    (``RINGREDUCE_FLIGHT_FILE``; ``{rank}`` in it is replaced by the rank)."""
+
     def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s={self.timeout_s!r} must be positive seconds")
+        if self.flight_records < 0:
+            raise ValueError(f"flight_records={self.flight_records!r} must be >= 0")
         for name in ("machines", "slice_bytes", "rail_channels"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -83,13 +113,14 @@ class Config:
                 raise ValueError(f"{name}={value!r} must be a non-negative int")
 
     @classmethod
-    def from_env(cls, **overrides: int | None) -> Config:
+    def from_env(cls, **overrides: object) -> Config:
         """Defaults, then ``RINGREDUCE_*`` variables, then non-None ``overrides``."""
-        values: dict[str, int] = {}
+        values: dict[str, object] = {}
+        kinds = {f.name: f.default for f in dataclasses.fields(cls)}
         for field, var in _ENV.items():
             raw = os.environ.get(var)
             if raw is not None and raw.strip():
-                values[field] = _parse_int(var, raw)
+                values[field] = _parse(var, raw.strip(), kinds[field])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return dataclasses.replace(cls(), **values)
 
@@ -100,11 +131,20 @@ class Config:
         return max(MIN_SLICE_BYTES, MIN_SHARD_BYTES * devices * machines)
 
 
-def _parse_int(var: str, raw: str) -> int:
+def _parse(var: str, raw: str, default: object) -> object:
+    """Parse by the field's default: bool, float, str, else int (0x... allowed)."""
+    if isinstance(default, bool):
+        if raw.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return raw.lower() in ("1", "true", "yes", "on")
+        raise ValueError(f"{var}={raw!r} is not a boolean; set it to 1 or 0")
     try:
+        if isinstance(default, float):
+            return float(raw)
+        if var == "RINGREDUCE_FLIGHT_FILE":
+            return raw
         return int(raw, 0)
     except ValueError:
-        raise ValueError(f"{var}={raw!r} is not an integer; set it to e.g. {var}=4194304") from None
+        raise ValueError(f"{var}={raw!r} is not a number; set it to e.g. {var}=4194304") from None
 
 
 def host_identity() -> str:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from . import layout, schedule
 from .config import Config
 from .errors import RingReduceError
+from .flight import Record
 from .pipeline import FLAT, flat_here, run_flat, run_steps
 from .resources import Resources, build_resources
 from .topology import Topology
@@ -85,19 +86,39 @@ class Communicator:
         and an async call's Future is CUDA-aware: ``wait()`` syncs streams only.
         """
         op_name = self._check(t, op)
+        guard = self._res.guard
+        if self.config.debug:
+            guard.agree(self._op_number + 1, t, op_name)
         self._op_number += 1
+        record = guard.recorder.begin(self._op_number, t.numel(), str(t.dtype), op_name, "")
         if self._res.is_cuda:
-            return self._issue_cuda(t, op_name, async_op)
-        job = self._worker.submit(self._execute, t, op_name)  # type: ignore[union-attr]
+            try:
+                return self._issue_cuda(t, op_name, async_op, record)
+            except RingReduceError as exc:
+                guard.fail(exc, record)
+                raise
+        job = self._worker.submit(self._run_cpu, t, op_name, record)  # type: ignore[union-attr]
         if not async_op:
             job.result()
             return None
         return _as_torch_future(job, t)
 
+    def _run_cpu(self, t: torch.Tensor, op: str, record: Record) -> None:
+        """One call on the worker thread; a failure poisons the calls queued behind it."""
+        guard = self._res.guard
+        guard.check_usable()
+        try:
+            self._execute(t, op, record)
+        except RingReduceError as exc:
+            guard.fail(exc, record)
+            raise
+        guard.finish(record)
+
     def _check(self, t: Any, op: Any) -> str:
         """Caller mistakes raise here, before any communication."""
         if self._closed:
             raise RingReduceError("this ringreduce.Communicator is closed; create a new one")
+        self._res.guard.check_usable()
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"all_reduce expects a torch.Tensor, got {type(t).__name__}")
         if t.is_sparse or t.layout != torch.strided:
@@ -121,13 +142,14 @@ class Communicator:
         return (self._res.topo.machines == 1
                 or t.numel() * t.element_size() < self.config.min_bytes)
 
-    def _execute(self, t: torch.Tensor, op: str, inline: bool = True) -> str:
+    def _execute(self, t: torch.Tensor, op: str, record: Record, inline: bool = True) -> str:
         """Issue (CUDA) or run (CPU) one call. Returns the stage whose stream ends the
         call, or "" when the work went onto the caller's stream (nothing to wait for)."""
         if t.numel() == 0:
             return ""
-        res, ctx = self._res, self._ctx()
+        res, ctx = self._res, self._ctx(record)
         if self._route_flat(t):
+            record.route = "flat"
             if inline:
                 stream = torch.cuda.current_stream().cuda_stream if res.is_cuda else None
                 flat_here(t.view(-1), op, ctx, stream)
@@ -135,6 +157,7 @@ class Communicator:
             res.sync.enter()
             run_flat(t.view(-1), op, ctx)
             return FLAT
+        record.route = "hierarchical"
         res.sync.enter()
         topo = res.topo
         plans = layout.plan_slices(t.numel(), t.element_size(), topo.devices_per_machine,
@@ -145,9 +168,9 @@ class Communicator:
         run_steps(steps, t.view(-1), plans, op, ctx)
         return schedule.active_stages(topo.devices_per_machine)[-1]
 
-    def _issue_cuda(self, t: torch.Tensor, op: str,
-                    async_op: bool) -> torch.futures.Future[torch.Tensor] | None:
-        last = self._execute(t, op, inline=not async_op)
+    def _issue_cuda(self, t: torch.Tensor, op: str, async_op: bool,
+                    record: Record) -> torch.futures.Future[torch.Tensor] | None:
+        last = self._execute(t, op, record, inline=not async_op)
         sync = self._res.sync
         if not async_op:
             if last:
@@ -162,8 +185,8 @@ class Communicator:
             fut.set_result(t)
         return fut
 
-    def _ctx(self) -> _Context:
-        return _Context(self._res, self._op_number)
+    def _ctx(self, record: Record) -> _Context:
+        return _Context(self._res, record)
 
     def close(self) -> None:
         """Finish outstanding work and release communicators. Idempotent."""
@@ -184,10 +207,11 @@ class Communicator:
 class _Context:
     """What pipeline functions need from a communicator, for one call."""
 
-    def __init__(self, res: Resources, op_number: int) -> None:
+    def __init__(self, res: Resources, record: Record) -> None:
         self.topo, self.transport, self.sync, self.buffers, self.kernels = \
             res.topo, res.transport, res.sync, res.buffers, res.kernels
-        self.op_number = op_number
+        self.op_number = record.op_number
+        self.record = record
 
 
 def _as_torch_future(job: concurrent.futures.Future[Any],

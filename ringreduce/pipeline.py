@@ -31,10 +31,13 @@ import torch
 from . import schedule
 from .add import add, finish_average
 from .errors import RingReduceError
+from .flight import FlightRecorder
 from .layout import SlicePlan
 from .schedule import DONE, ENTRY, Step
 from .topology import Topology
 from .transport import Part
+
+stamp = FlightRecorder.stamp
 
 FLAT = "flat"
 """Stream of the flat all-reduce fast path."""
@@ -179,6 +182,7 @@ def run_steps(steps: Sequence[Step], flat: torch.Tensor, plans: Sequence[SlicePl
         if io is None:
             io = ios[step.slice_index] = SliceIO(flat, plans[step.slice_index], step, ctx.buffers)
         ctx.sync.wait(step.stage, step.waits)
+        stamp(ctx.record, step.stage, step.slice_index, "start")
         with ctx.sync.on(step.stage), _stage_errors(ctx, step, flat):
             if step.stage == stages[0]:
                 io.copy_in()
@@ -187,6 +191,7 @@ def run_steps(steps: Sequence[Step], flat: torch.Tensor, plans: Sequence[SlicePl
                 io.copy_out()
                 del ios[step.slice_index]
         ctx.sync.record(step.stage, step.records)
+        stamp(ctx.record, step.stage, step.slice_index, "end")
 
 
 def _run_stage(stage: str, parts: Sequence[Part], op: str, ctx: Any) -> None:

@@ -7,6 +7,7 @@ world communicator whose unique id travels through the same store.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,8 @@ import torch.distributed as dist
 
 from . import kernels, layout, nccl, schedule, topology
 from .config import Config, host_identity
+from .flight import FlightRecorder
+from .guard import Guard
 from .pipeline import Buffers, CudaStreams, HostOrder
 from .topology import Topology
 from .transport import GlooTransport, NcclTransport
@@ -34,6 +37,7 @@ class Resources:
     sync: Any
     buffers: Buffers
     nccl_version: int = 0
+    guard: Any = None
     kernels: Any = None
     """native/ kernels (CUDA with cupy); None: the add stage uses torch ops."""
     release_steps: list[Any] = field(default_factory=list)
@@ -62,10 +66,12 @@ def build_resources(group: dist.ProcessGroup, config: Config) -> Resources:
     buffers = Buffers(topo, slot_bytes, slots if topo.machines > 1 else 0,
                       layout.PADDING_SLOTS, device)
     res = Resources(topo, is_cuda, device, slice_bytes, slots, None, None, buffers)
+    recorder = FlightRecorder(config.flight_records, rank, config.flight_file)
+    res.guard = Guard(store, rank, world, config.timeout_s, recorder)
     if is_cuda:
         _build_cuda(res, store, config.rail_channels)
     else:
-        _build_cpu(res, group)
+        _build_cpu(res, group, datetime.timedelta(seconds=config.timeout_s))
     return res
 
 
@@ -114,21 +120,28 @@ def _build_cuda(res: Resources, store: dist.Store, rail_channels: int | None) ->
     res.release_steps += [lambda c=c: nccl.destroy(c) for c in comms.values()]
 
 
-def _build_cpu(res: Resources, group: dist.ProcessGroup) -> None:
+def _build_cpu(res: Resources, group: dist.ProcessGroup, timeout: datetime.timedelta) -> None:
+    """gloo sub-groups with ringreduce's own deadline: a dead or absent peer turns
+    into an error after ``timeout`` instead of the user group's (30 min default)."""
     topo = res.topo
     global_ranks = [dist.get_global_rank(group, r) if group is not dist.group.WORLD else r
                     for r in range(topo.world_size)]
-    intra = rail = None
+
+    def new(ranks: tuple[int, ...]) -> dist.ProcessGroup:
+        return dist.new_group([global_ranks[r] for r in ranks], backend="gloo", timeout=timeout)
+
     # new_group is collective over the world: every rank creates every group in order.
+    flat = new(tuple(range(topo.world_size)))
+    intra = rail = None
     if topo.devices_per_machine > 1:
         for m, ranks in enumerate(topo.all_intra()):
-            g = dist.new_group([global_ranks[r] for r in ranks], backend="gloo")
+            g = new(ranks)
             intra = g if m == topo.machine_index else intra
     if topo.machines > 1:
         for d, ranks in enumerate(topo.all_rails()):
-            g = dist.new_group([global_ranks[r] for r in ranks], backend="gloo")
+            g = new(ranks)
             rail = g if d == topo.device_index else rail
-    res.transport = GlooTransport(topo, group, intra, rail, global_ranks)
+    res.transport = GlooTransport(topo, flat, intra, rail, global_ranks)
     res.sync = HostOrder()
     res.release_steps += [lambda g=g: dist.destroy_process_group(g)
-                          for g in (intra, rail) if g is not None]
+                          for g in (flat, intra, rail) if g is not None]

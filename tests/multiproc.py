@@ -23,8 +23,10 @@ Env = dict[str, str] | list[dict[str, str]]
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-              env: Env | None = None, timeout: float = 300.0) -> None:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes."""
+              env: Env | None = None, timeout: float = 300.0,
+              expect_exit: dict[int, int] | None = None) -> None:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes. ``expect_exit``
+    maps ranks to the exit code they must end with (fault-injection tests)."""
     ctx = mp.get_context("spawn")
     errors = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,7 +51,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
         raise AssertionError("\n".join(f"rank {r} failed:\n{tb}" for r, tb in sorted(reports)))
     if hung:
         raise AssertionError(f"ranks {hung} did not finish within {timeout} s")
-    bad = [(rank, p.exitcode) for rank, p in enumerate(procs) if p.exitcode != 0]
+    want = expect_exit or {}
+    bad = [(rank, p.exitcode) for rank, p in enumerate(procs) if p.exitcode != want.get(rank, 0)]
     if bad:
         raise AssertionError(f"ranks exited abnormally (rank, exit code): {bad}")
 

@@ -1,0 +1,71 @@
+"""What keeps a failure from becoming a hang or silent corruption.
+
+* ``agree``: opt-in (``RINGREDUCE_DEBUG=1``) cross-rank fingerprint of every call,
+  compared through the store *before* anything is communicated; a mismatch raises on
+  every rank naming both ranks and both calls (NCCL would hang or mix up data).
+* ``fail``: the first failed operation poisons the communicator (like torch's NCCL
+  process group after a watchdog abort): later calls raise at once instead of
+  talking to peers in an unknown state; the flight recorder is dumped once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import torch
+import torch.distributed as dist
+
+from .errors import RingReduceError
+from .flight import FlightRecorder, Record
+
+
+class Guard:
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout_s: float,
+                 recorder: FlightRecorder) -> None:
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.recorder = recorder
+        self.failure: RingReduceError | None = None
+        self.checks = 0
+        """Calls checked so far: the store key of a check, so a retry after a mismatch
+        never reads the previous attempt's fingerprints."""
+
+    def check_usable(self) -> None:
+        if self.failure is not None:
+            raise RingReduceError(
+                "this ringreduce.Communicator refuses new work because an earlier "
+                f"operation failed ({self.failure}); its peers are in an unknown state: "
+                "restart the job, or re-create the process group and the Communicator")
+
+    def agree(self, op_number: int, t: torch.Tensor, op: str) -> None:
+        """Every rank must be about to run the same call; raise on every rank if not."""
+        self.checks += 1
+        n = self.checks
+        mine = f"all_reduce(numel={t.numel()}, dtype={t.dtype}, op={op})"
+        self.store.set(f"fp/{n}/{self.rank}", mine)
+        keys = [f"fp/{n}/{r}" for r in range(self.world_size)]
+        try:
+            self.store.wait(keys, self.timeout)
+        except Exception as exc:
+            raise RingReduceError(
+                f"rank {self.rank}: not every rank reached operation #{op_number} within "
+                f"{self.timeout.total_seconds():.0f} s (RINGREDUCE_DEBUG check): {exc}") from exc
+        for r, key in enumerate(keys):
+            theirs = self.store.get(key).decode()
+            if theirs != mine:
+                raise RingReduceError(
+                    f"collective mismatch at operation #{op_number}: rank {self.rank} calls "
+                    f"{mine}, rank {r} calls {theirs}; every rank must issue the same "
+                    "all_reduce calls in the same order")
+        if n > 2:  # every rank has read check n-2's keys before it wrote check n-1's
+            self.store.delete_key(f"fp/{n - 2}/{self.rank}")
+
+    def fail(self, exc: RingReduceError, record: Record | None) -> None:
+        if self.failure is None:
+            self.failure = exc
+            self.recorder.dump(f"operation #{record.op_number if record else '?'} failed: {exc}")
+
+    @staticmethod
+    def finish(record: Record) -> None:
+        record.finished = time.time() - record.started

@@ -41,7 +41,8 @@ def _absent_worker(rank: int, world: int, folder: str) -> None:
         time.sleep(DEADLINE + SLACK + 2)  # alive, but never makes the second call
         return
     _survivor(rank)
-    dump = json.load(open(os.path.join(folder, f"flight-{rank}.json")))
+    with open(os.path.join(folder, f"flight-{rank}.json")) as f:
+        dump = json.load(f)
     last = dump["operations"][-1]
     assert (last["op_number"], last["numel"], last["finished"]) == (2, 100_000, None), last
     assert dump["operations"][0]["finished"] is not None

@@ -93,10 +93,12 @@ class Communicator:
         record = guard.recorder.begin(self._op_number, t.numel(), str(t.dtype), op_name, "")
         if self._res.is_cuda:
             try:
-                return self._issue_cuda(t, op_name, async_op, record)
+                fut = self._issue_cuda(t, op_name, async_op, record)
             except RingReduceError as exc:
                 guard.fail(exc, record)
                 raise
+            guard.finish(record)  # on CUDA: issued (the device finishes later)
+            return fut
         job = self._worker.submit(self._run_cpu, t, op_name, record)  # type: ignore[union-attr]
         if not async_op:
             job.result()

@@ -31,6 +31,19 @@ def add(own: torch.Tensor, rows: torch.Tensor, op: str, world_size: int) -> None
             finish_average(own, world_size)
 
 
+def add_wire(own: torch.Tensor, rows: torch.Tensor, op: str, world_size: int) -> None:
+    """``add`` for float32 ``own`` and rows that came in a 16-bit wire format: fp32
+    accumulation, then ``own`` rounded to the wire format once, so the owner keeps
+    exactly the value every other machine receives in diffuse."""
+    if op in ("max", "min"):
+        add(own, rows.float(), op, world_size)
+    else:
+        own.add_(rows.sum(dim=0, dtype=torch.float32))
+        if op == "avg":
+            own.div_(world_size)
+    own.copy_(own.to(rows.dtype))
+
+
 def finish_average(t: torch.Tensor, world_size: int) -> None:
     """Turn an all-reduced sum into the average in place."""
     if t.is_floating_point():

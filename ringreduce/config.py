@@ -46,7 +46,11 @@ _ENV = {
     "debug": "RINGREDUCE_DEBUG",
     "flight_records": "RINGREDUCE_FLIGHT_RECORDS",
     "flight_file": "RINGREDUCE_FLIGHT_FILE",
+    "wire_dtype": "RINGREDUCE_WIRE_DTYPE",
 }
+
+#: 16-bit formats float32 tensors may take on the network hop (collect, diffuse).
+WIRE_DTYPES = ("bfloat16", "float16")
 
 #: torch's ProcessGroupNCCL watchdog default: long enough for any single all-reduce
 #: of a real model, short enough that a dead peer does not hold a job for hours.
@@ -98,7 +102,17 @@ class Config:
     """Also write the flight recorder's dump, as JSON, to this path
     (``RINGREDUCE_FLIGHT_FILE``; ``{rank}`` in it is replaced by the rank)."""
 
+    wire_dtype: str | None = None
+    """``"bfloat16"`` or ``"float16"`` (``RINGREDUCE_WIRE_DTYPE``): float32 tensors
+    cross the network (collect, diffuse) in this format, halving the bytes on the
+    slow link; reduce-scatter, all-gather and the add stay in float32. Each reduced
+    element is rounded to the wire format once, on every machine alike, so all
+    ranks end with identical values. Other dtypes and the flat route are unaffected."""
+
     def __post_init__(self) -> None:
+        if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire_dtype={self.wire_dtype!r} is not supported; use one of "
+                             f"{WIRE_DTYPES} or None")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s={self.timeout_s!r} must be positive seconds")
         if self.flight_records < 0:
@@ -140,7 +154,7 @@ def _parse(var: str, raw: str, default: object) -> object:
     try:
         if isinstance(default, float):
             return float(raw)
-        if var == "RINGREDUCE_FLIGHT_FILE":
+        if var in ("RINGREDUCE_FLIGHT_FILE", "RINGREDUCE_WIRE_DTYPE"):
             return raw
         return int(raw, 0)
     except ValueError:

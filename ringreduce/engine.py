@@ -30,6 +30,7 @@ from .topology import Topology
 log = logging.getLogger("ringreduce")
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64)
+_WIRE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg",
        dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
 
@@ -44,12 +45,18 @@ class Communicator:
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, machines: int | None = None,
                  slice_bytes: int | None = None, staging_bytes: int | None = None,
-                 min_bytes: int | None = None) -> None:
+                 min_bytes: int | None = None, wire_dtype: torch.dtype | None = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("ringreduce.Communicator needs torch.distributed: call "
                                "dist.init_process_group(...) first")
+        wire = None if wire_dtype is None else _WIRE_NAMES.get(wire_dtype)
+        if wire_dtype is not None and wire is None:
+            raise TypeError(f"wire_dtype={wire_dtype} is not supported; use torch.bfloat16, "
+                            "torch.float16 or None")
         self.config = Config.from_env(machines=machines, slice_bytes=slice_bytes,
-                                      staging_bytes=staging_bytes, min_bytes=min_bytes)
+                                      staging_bytes=staging_bytes, min_bytes=min_bytes,
+                                      wire_dtype=wire)
+        self._wire = getattr(torch, self.config.wire_dtype) if self.config.wire_dtype else None
         self._res: Resources = build_resources(group or dist.group.WORLD, self.config)
         self._op_number = 0
         self._cursor = schedule.Cursor()
@@ -75,7 +82,8 @@ class Communicator:
                 f"{'cuda (nccl ' + str(r.nccl_version) + ')' if r.is_cuda else 'cpu (gloo)'}, "
                 f"slice_bytes={r.slice_bytes}, staging_bytes={self.config.staging_bytes} "
                 f"({r.staging_slots} slots), min_bytes={self.config.min_bytes}, "
-                f"rail_channels={self.config.rail_channels or 'nccl default'}")
+                f"rail_channels={self.config.rail_channels or 'nccl default'}, "
+                f"wire={self.config.wire_dtype or 'tensor dtype'}")
 
     def all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                    async_op: bool = False) -> torch.futures.Future[torch.Tensor] | None:
@@ -164,9 +172,10 @@ class Communicator:
         topo = res.topo
         plans = layout.plan_slices(t.numel(), t.element_size(), topo.devices_per_machine,
                                    topo.machines, res.slice_bytes)
+        ctx.wire = self._wire if t.dtype == torch.float32 else None
         steps, self._cursor = schedule.plan_steps(
             len(plans), plans[-1].tail > 0, topo.devices_per_machine, res.staging_slots,
-            layout.PADDING_SLOTS, self._cursor)
+            layout.PADDING_SLOTS, self._cursor, "add" if ctx.wire is None else "diffuse")
         run_steps(steps, t.view(-1), plans, op, ctx)
         return schedule.active_stages(topo.devices_per_machine)[-1]
 
@@ -214,6 +223,7 @@ class _Context:
             res.topo, res.transport, res.sync, res.buffers, res.kernels
         self.op_number = record.op_number
         self.record = record
+        self.wire: torch.dtype | None = None
 
 
 def _as_torch_future(job: concurrent.futures.Future[Any],

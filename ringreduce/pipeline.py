@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from . import schedule
-from .add import add, finish_average
+from .add import add, add_wire, finish_average
 from .errors import RingReduceError
 from .flight import FlightRecorder
 from .layout import SlicePlan
@@ -126,37 +126,50 @@ class Buffers:
         self.padding_bytes = torch.empty(padding_slots * self.pad_stride, dtype=torch.uint8,
                                          device=device)
 
-    def staging(self, slot: int, dtype: torch.dtype, k: int) -> torch.Tensor:
+    def staging(self, slot: int, dtype: torch.dtype, k: int,
+                wire: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(received rows, rows to send). With a 16-bit wire format for float32, both
+        are 16-bit and together take exactly the bytes of the float32 rows."""
         rows = self.topo.machines - 1
         start = slot * self.slot_bytes
         nbytes = rows * k * dtype.itemsize
         assert nbytes <= self.slot_bytes, (nbytes, self.slot_bytes)
-        return self.staging_bytes[start:start + nbytes].view(dtype).view(rows, k)
+        area = self.staging_bytes[start:start + nbytes]
+        if wire is None:
+            return area.view(dtype).view(rows, k), None
+        both = area.view(wire).view(2, rows, k)
+        return both[0], both[1]
 
-    def padding(self, slot: int, dtype: torch.dtype) -> Part:
+    def padding(self, slot: int, dtype: torch.dtype, wire: torch.dtype | None = None) -> Part:
         t = self.topo
         group, rows = t.devices_per_machine * t.machines, t.machines - 1
         start = slot * self.pad_stride
         flat = self.padding_bytes[start:start + (group + rows) * dtype.itemsize].view(dtype)
         view = flat[:group].view(t.devices_per_machine, t.machines, 1)
-        return Part(view, flat[group:].view(rows, 1))
+        if wire is None:
+            return Part(view, flat[group:].view(rows, 1))
+        # The rows' float32 bytes hold both 16-bit row sets (received, to send).
+        both = flat[group:].view(wire).view(2, rows, 1)
+        return Part(view, both[0], both[1])
 
 
 class SliceIO:
     """The parts of one slice and, when it has a tail, where the tail lives."""
 
-    def __init__(self, flat: torch.Tensor, plan: SlicePlan, step: Step, buffers: Buffers) -> None:
+    def __init__(self, flat: torch.Tensor, plan: SlicePlan, step: Step, buffers: Buffers,
+                 wire: torch.dtype | None) -> None:
         topo = buffers.topo
         self.parts: list[Part] = []
         if plan.k:
             body = flat[plan.offset:plan.offset + plan.body]
             view = body.view(topo.devices_per_machine, topo.machines, plan.k)
-            self.parts.append(Part(view, buffers.staging(step.staging_slot, flat.dtype, plan.k)))
+            rows, out = buffers.staging(step.staging_slot, flat.dtype, plan.k, wire)
+            self.parts.append(Part(view, rows, out))
         self.tail: torch.Tensor | None = None
         self.pad: Part | None = None
         if step.padding_slot is not None:
             self.tail = flat[plan.offset + plan.body:plan.offset + plan.numel]
-            self.pad = buffers.padding(step.padding_slot, flat.dtype)
+            self.pad = buffers.padding(step.padding_slot, flat.dtype, wire)
             self.parts.append(self.pad)
 
     def copy_in(self) -> None:
@@ -180,7 +193,8 @@ def run_steps(steps: Sequence[Step], flat: torch.Tensor, plans: Sequence[SlicePl
     for step in steps:
         io = ios.get(step.slice_index)
         if io is None:
-            io = ios[step.slice_index] = SliceIO(flat, plans[step.slice_index], step, ctx.buffers)
+            io = ios[step.slice_index] = SliceIO(flat, plans[step.slice_index], step,
+                                                 ctx.buffers, ctx.wire)
         ctx.sync.wait(step.stage, step.waits)
         stamp(ctx.record, step.stage, step.slice_index, "start")
         with ctx.sync.on(step.stage), _stage_errors(ctx, step, flat):
@@ -199,7 +213,9 @@ def _run_stage(stage: str, parts: Sequence[Part], op: str, ctx: Any) -> None:
     if stage == "add":
         d, m = ctx.topo.device_index, ctx.topo.machine_index
         for p in parts:
-            if ctx.kernels is not None:
+            if p.wire_out is not None:
+                add_wire(p.view[d][m], p.staging, op, ctx.topo.world_size)
+            elif ctx.kernels is not None:
                 ctx.kernels.add(p.view[d][m], p.staging, op, ctx.topo.world_size, handle)
             else:
                 add(p.view[d][m], p.staging, op, ctx.topo.world_size)

@@ -69,8 +69,12 @@ class Cursor:
 
 
 def plan_steps(n_slices: int, tail_on_last: bool, devices: int, staging_slots: int,
-               padding_slots: int, cursor: Cursor) -> tuple[tuple[Step, ...], Cursor]:
-    """Steps of one call, slice-major, and the cursor for the next call."""
+               padding_slots: int, cursor: Cursor,
+               slot_reader: str = "add") -> tuple[tuple[Step, ...], Cursor]:
+    """Steps of one call, slice-major, and the cursor for the next call.
+
+    ``slot_reader`` is the last stage that uses a slice's staging slot: ``add``, or
+    ``diffuse`` when a 16-bit wire format also stages the diffused rows there."""
     stages = active_stages(devices)
     steps: list[Step] = []
     staging, padding = cursor.staging, cursor.padding
@@ -78,7 +82,7 @@ def plan_steps(n_slices: int, tail_on_last: bool, devices: int, staging_slots: i
         last = i == n_slices - 1
         pad = padding if (tail_on_last and last) else None
         for position, stage in enumerate(stages):
-            steps.append(_step(i, stage, stages, position, staging, pad, last_slice=last))
+            steps.append(_step(i, stage, stages, position, staging, pad, last, slot_reader))
         staging = (staging + 1) % staging_slots
         if pad is not None:
             padding = (padding + 1) % padding_slots
@@ -86,7 +90,7 @@ def plan_steps(n_slices: int, tail_on_last: bool, devices: int, staging_slots: i
 
 
 def _step(i: int, stage: str, stages: tuple[str, ...], position: int, staging: int,
-          pad: int | None, last_slice: bool) -> Step:
+          pad: int | None, last_slice: bool, slot_reader: str) -> Step:
     waits: list[str] = []
     records: list[str] = []
     if position == 0:
@@ -98,8 +102,8 @@ def _step(i: int, stage: str, stages: tuple[str, ...], position: int, staging: i
         waits.append(edge(stages[position - 1], stage))
     if stage == "collect":
         waits.append(staging_free(staging))  # collect is the first writer of the slot
-    if stage == "add":
-        records.append(staging_free(staging))  # add is the last reader of the slot
+    if stage == slot_reader:
+        records.append(staging_free(staging))  # the last reader of the slot
     if position + 1 < len(stages):
         records.append(edge(stage, stages[position + 1]))
     else:

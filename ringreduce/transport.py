@@ -31,11 +31,41 @@ class Part:
     view: torch.Tensor
     staging: torch.Tensor
     """(M-1, k): row i holds machine ``others[i]``'s partial of ``view[d][m]``."""
+    wire_out: torch.Tensor | None = None
+    """(M-1, k) in the 16-bit wire format when one is in use: what this rank sends.
+    ``staging`` is then in the wire format too, and diffuse receives into it."""
 
 
 def other_machines(topo: Topology) -> list[int]:
     """Peers on the rail, in a fixed order; staging row i belongs to entry i."""
     return [j for j in range(topo.machines) if j != topo.machine_index]
+
+
+def collect_sends(p: Part, d: int, others: Sequence[int]) -> list[torch.Tensor]:
+    """What collect sends to each other machine: view[d][j], narrowed to the wire
+    format first when one is in use."""
+    if p.wire_out is None:
+        return [p.view[d][j] for j in others]
+    for i, j in enumerate(others):
+        p.wire_out[i].copy_(p.view[d][j])
+    return list(p.wire_out)
+
+
+def diffuse_buffers(p: Part, d: int, m: int,
+                    others: Sequence[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(what diffuse sends, where row i arrives). With a wire format the reduced row
+    was already rounded to it by the add stage, so narrowing it here is exact."""
+    if p.wire_out is None:
+        return p.view[d][m], [p.view[d][j] for j in others]
+    p.wire_out[0].copy_(p.view[d][m])
+    return p.wire_out[0], list(p.staging)
+
+
+def widen_diffused(p: Part, d: int, others: Sequence[int]) -> None:
+    """With a wire format: the received rows, from the staging slot into the tensor."""
+    if p.wire_out is not None:
+        for i, j in enumerate(others):
+            p.view[d][j].copy_(p.staging[i])
 
 
 class NcclTransport:
@@ -55,19 +85,23 @@ class NcclTransport:
 
     def collect(self, parts: Sequence[Part], stream: int) -> None:
         d, comm = self.topo.device_index, self.comms["collect"]
+        sends = [collect_sends(p, d, self.others) for p in parts]  # casts on this stream
         with nccl.group():
-            for p in parts:
+            for p, out in zip(parts, sends, strict=True):
                 for i, j in enumerate(self.others):
-                    nccl.send(comm, p.view[d][j], j, stream)
+                    nccl.send(comm, out[i], j, stream)
                     nccl.recv(comm, p.staging[i], j, stream)
 
     def diffuse(self, parts: Sequence[Part], stream: int) -> None:
         d, m, comm = self.topo.device_index, self.topo.machine_index, self.comms["diffuse"]
+        buffers = [diffuse_buffers(p, d, m, self.others) for p in parts]  # casts first
         with nccl.group():
-            for p in parts:
-                for j in self.others:
-                    nccl.send(comm, p.view[d][m], j, stream)
-                    nccl.recv(comm, p.view[d][j], j, stream)
+            for mine, into in buffers:
+                for i, j in enumerate(self.others):
+                    nccl.send(comm, mine, j, stream)
+                    nccl.recv(comm, into[i], j, stream)
+        for p in parts:
+            widen_diffused(p, d, self.others)
 
     def all_gather(self, parts: Sequence[Part], stream: int) -> None:
         d, comm = self.topo.device_index, self.comms["all_gather"]
@@ -99,13 +133,19 @@ class GlooTransport:
 
     def collect(self, parts: Sequence[Part], stream: None = None) -> None:
         d = self.topo.device_index
-        self._exchange([(i, p.view[d][j], p.staging[i]) for p in parts
-                        for i, j in enumerate(self.others)])
+        self._exchange([(i, out[i], p.staging[i]) for p in parts
+                        for out in [collect_sends(p, d, self.others)]
+                        for i in range(len(self.others))])
 
     def diffuse(self, parts: Sequence[Part], stream: None = None) -> None:
         d, m = self.topo.device_index, self.topo.machine_index
-        self._exchange([(i, p.view[d][m], p.view[d][j]) for p in parts
-                        for i, j in enumerate(self.others)])
+        moves = []
+        for p in parts:
+            mine, into = diffuse_buffers(p, d, m, self.others)
+            moves += [(i, mine, into[i]) for i in range(len(self.others))]
+        self._exchange(moves)
+        for p in parts:
+            widen_diffused(p, d, self.others)
 
     def all_gather(self, parts: Sequence[Part], stream: None = None) -> None:
         d = self.topo.device_index

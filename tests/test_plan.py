@@ -108,3 +108,12 @@ def test_schedule_links_stages_and_reuses_slots_in_order(devices: int) -> None:
     assert all(s.padding_slot is None for s in steps if s.slice_index < 6)
     names = set(schedule.event_names(devices, 3, 2))
     assert {e for s in steps for e in (*s.waits, *s.records)} <= names
+
+
+def test_more_than_2_31_elements_are_planned_exactly() -> None:
+    """Counts past int32 stay exact (Python ints here, size_t in NCCL)."""
+    numel = 2**31 + 5
+    plans = layout.plan_slices(numel, 2, 4, 2, 4 << 20)
+    assert sum(p.numel for p in plans) == numel
+    assert plans[-1].offset + plans[-1].numel == numel and plans[-1].tail == 5 % 8
+    assert all(p.offset == i * plans[0].numel for i, p in enumerate(plans))

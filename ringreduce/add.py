@@ -23,7 +23,7 @@ def add(own: torch.Tensor, rows: torch.Tensor, op: str, world_size: int) -> None
     elif own.dtype in _WIDE:
         acc = rows.sum(dim=0, dtype=_WIDE[own.dtype]).add_(own)
         if op == "avg":
-            acc.div_(world_size)
+            finish_average(acc, world_size)
         own.copy_(acc)
     else:
         own.add_(rows.sum(dim=0))
@@ -40,13 +40,19 @@ def add_wire(own: torch.Tensor, rows: torch.Tensor, op: str, world_size: int) ->
     else:
         own.add_(rows.sum(dim=0, dtype=torch.float32))
         if op == "avg":
-            own.div_(world_size)
+            finish_average(own, world_size)
     own.copy_(own.to(rows.dtype))
 
 
 def finish_average(t: torch.Tensor, world_size: int) -> None:
-    """Turn an all-reduced sum into the average in place."""
+    """Turn an all-reduced sum into the average in place, by IEEE division.
+
+    Not ``t.div_(world_size)``: for a Python-number divisor torch's CUDA kernel
+    multiplies by the rounded reciprocal, which is not correctly rounded (it differed
+    from native/add.cu's true division in the last bit, GPU kernel tests 2026-11-23).
+    A 0-dim tensor on the same device takes the true-division path, with no copy
+    from the host (a fill kernel)."""
     if t.is_floating_point():
-        t.div_(world_size)
+        t.div_(torch.full((), world_size, dtype=t.dtype, device=t.device))
     else:
         torch.div(t, world_size, rounding_mode="trunc", out=t)

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import layout, schedule
+from . import collectives, layout, schedule
 from .config import Config
 from .errors import RingReduceError
 from .flight import Record
 from .pipeline import FLAT, flat_here, run_flat, run_steps
-from .resources import Resources, build_resources
+from .resources import Resources, build_resources, group_store
 from .topology import Topology
 
 log = logging.getLogger("ringreduce")
@@ -56,8 +57,23 @@ class Communicator:
         self.config = Config.from_env(machines=machines, slice_bytes=slice_bytes,
                                       staging_bytes=staging_bytes, min_bytes=min_bytes,
                                       wire_dtype=wire)
+        group = group or dist.group.WORLD
+        world = dist.get_world_size(group)
+        self._setup(group_store(group, world), dist.get_rank(group), world, _device_of(group))
+
+    @classmethod
+    def _on_store(cls, store: dist.Store, rank: int, world: int, device: torch.device,
+                  **settings: Any) -> Communicator:
+        """A communicator over ``world`` ranks meeting in ``store``, without a
+        torch.distributed group (the "ringreduce" backend builds its engine so)."""
+        self = cls.__new__(cls)
+        self.config = Config.from_env(**settings)
+        self._setup(store, rank, world, device)
+        return self
+
+    def _setup(self, store: dist.Store, rank: int, world: int, device: torch.device) -> None:
         self._wire = getattr(torch, self.config.wire_dtype) if self.config.wire_dtype else None
-        self._res: Resources = build_resources(group or dist.group.WORLD, self.config)
+        self._res: Resources = build_resources(store, rank, world, device, self.config)
         self._op_number = 0
         self._cursor = schedule.Cursor()
         self._closed = False
@@ -93,49 +109,112 @@ class Communicator:
         synchronous call makes the caller's current stream wait (the host does not),
         and an async call's Future is CUDA-aware: ``wait()`` syncs streams only.
         """
-        op_name = self._check(t, op)
+        op_name = self._check_op(op)
+        self._check_tensor(t, "all_reduce", "t")
+        return self._call("all_reduce", t, op_name, async_op, t,
+                          lambda rec: self._issue_cuda(t, op_name, async_op, rec),
+                          lambda rec: self._execute(t, op_name, rec))
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor,
+                       op: Any = dist.ReduceOp.SUM,
+                       async_op: bool = False) -> torch.futures.Future[torch.Tensor] | None:
+        """Like ``dist.reduce_scatter_tensor(output, input, op)``: rank r receives the
+        reduction over ranks of block r of ``input`` (``world_size`` blocks, each the
+        size of ``output``). Hierarchical at M > 1 and D > 1 from ``min_bytes`` of
+        input (collectives.py says why), NCCL's (gloo's) own otherwise. Futures
+        complete with ``output``, as all_reduce's do."""
+        op_name = self._check_op(op)
+        self._check_pair(output, input, "reduce_scatter", input_blocks=True)
+        hier = self._hierarchical_blocks(input)
+        run = collectives.reduce_scatter if hier else collectives.flat_reduce_scatter
+        return self._call("reduce_scatter", input, op_name, async_op, output,
+                          lambda rec: self._issue_inline(
+                              lambda ctx, s: run(output, input, op_name, ctx, s), rec,
+                              async_op, output),
+                          lambda rec: run(output, input, op_name, self._ctx(rec), None),
+                          "hierarchical" if hier else "flat")
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor,
+                   async_op: bool = False) -> torch.futures.Future[torch.Tensor] | None:
+        """Like ``dist.all_gather_into_tensor(output, input)``: block r of ``output``
+        becomes rank r's ``input``. Routes as reduce_scatter does (on ``output``'s
+        size); Futures complete with ``output``."""
+        self._check_pair(output, input, "all_gather", input_blocks=False)
+        hier = self._hierarchical_blocks(output)
+        run = collectives.all_gather if hier else collectives.flat_all_gather
+        return self._call("all_gather", output, "-", async_op, output,
+                          lambda rec: self._issue_inline(
+                              lambda ctx, s: run(output, input, ctx, s), rec, async_op, output),
+                          lambda rec: run(output, input, self._ctx(rec), None),
+                          "hierarchical" if hier else "flat")
+
+    def _call(self, kind: str, t: torch.Tensor, op: str, async_op: bool, result: torch.Tensor,
+              on_cuda: Callable[[Record], Any], on_cpu: Callable[[Record], Any],
+              route: str = "") -> torch.futures.Future[torch.Tensor] | None:
+        """What every collective shares: the debug check, numbering, the flight record,
+        poisoning after a failure; CUDA work is issued here, CPU work queued in order."""
         guard = self._res.guard
         if self.config.debug:
-            guard.agree(self._op_number + 1, t, op_name)
+            guard.agree(self._op_number + 1, t, op, kind)
         self._op_number += 1
-        record = guard.recorder.begin(self._op_number, t.numel(), str(t.dtype), op_name, "")
+        record = guard.recorder.begin(self._op_number, t.numel(), str(t.dtype), op, route, kind)
         if self._res.is_cuda:
             try:
-                fut = self._issue_cuda(t, op_name, async_op, record)
+                fut = on_cuda(record)
             except RingReduceError as exc:
                 guard.fail(exc, record)
                 raise
             guard.finish(record)  # on CUDA: issued (the device finishes later)
             return fut
-        job = self._worker.submit(self._run_cpu, t, op_name, record)  # type: ignore[union-attr]
+        job = self._worker.submit(self._run_cpu, on_cpu, record)  # type: ignore[union-attr]
         if not async_op:
             job.result()
             return None
-        return _as_torch_future(job, t)
+        return _as_torch_future(job, result)
 
-    def _run_cpu(self, t: torch.Tensor, op: str, record: Record) -> None:
+    def _run_cpu(self, run: Callable[[Record], Any], record: Record) -> None:
         """One call on the worker thread; a failure poisons the calls queued behind it."""
         guard = self._res.guard
         guard.check_usable()
         try:
-            self._execute(t, op, record)
+            run(record)
         except RingReduceError as exc:
             guard.fail(exc, record)
             raise
         guard.finish(record)
 
-    def _check(self, t: Any, op: Any) -> str:
-        """Caller mistakes raise here, before any communication."""
+    def _issue_inline(self, run: Callable[[_Context, int], None], record: Record,
+                      async_op: bool,
+                      result: torch.Tensor) -> torch.futures.Future[torch.Tensor] | None:
+        """CUDA: ``run`` on the caller's current stream (no stage streams to join)."""
+        if result.numel():
+            run(self._ctx(record), torch.cuda.current_stream().cuda_stream)
+        if not async_op:
+            return None
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[result.device])
+        fut.set_result(result)  # records an event on the current stream
+        return fut
+
+    def _check_op(self, op: Any) -> str:
+        """Caller mistakes raise here and in the checks below, before any communication."""
         if self._closed:
             raise RingReduceError("this ringreduce.Communicator is closed; create a new one")
         self._res.guard.check_usable()
+        name = OPS.get(op)
+        if name is None:
+            raise TypeError(f"op {op} is not supported; use dist.ReduceOp.SUM, AVG, MAX or MIN")
+        return name
+
+    def _check_tensor(self, t: Any, call: str, name: str) -> None:
+        if self._closed:
+            raise RingReduceError("this ringreduce.Communicator is closed; create a new one")
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"all_reduce expects a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{call} expects a torch.Tensor for {name}, got {type(t).__name__}")
         if t.is_sparse or t.layout != torch.strided:
-            raise ValueError(f"all_reduce needs a dense tensor, got layout {t.layout}; "
+            raise ValueError(f"{call} needs a dense tensor, got layout {t.layout}; "
                              "call .to_dense() first")
         if not t.is_contiguous():
-            raise ValueError(f"all_reduce needs a contiguous tensor, got shape {tuple(t.shape)} "
+            raise ValueError(f"{call} needs a contiguous tensor, got shape {tuple(t.shape)} "
                              f"with strides {t.stride()}; call .contiguous() and copy back")
         if t.device != self._res.device:
             raise ValueError(f"tensor is on {t.device}, this communicator works on "
@@ -143,10 +222,29 @@ class Communicator:
         if t.dtype not in DTYPES:
             raise TypeError(f"dtype {t.dtype} is not supported; use one of "
                             f"{', '.join(str(d) for d in DTYPES)}")
-        name = OPS.get(op)
-        if name is None:
-            raise TypeError(f"op {op} is not supported; use dist.ReduceOp.SUM, AVG, MAX or MIN")
-        return name
+
+    def _check_pair(self, output: Any, input: Any, call: str, input_blocks: bool) -> None:
+        """``input_blocks``: input holds world_size blocks the size of output (else the
+        other way round), same dtype, both on this communicator's device."""
+        if call == "all_gather":
+            self._check_op(dist.ReduceOp.SUM)  # closed or poisoned: raise the same way
+        self._check_tensor(output, call, "output")
+        self._check_tensor(input, call, "input")
+        world = self._res.topo.world_size
+        whole, block = (input, output) if input_blocks else (output, input)
+        if whole.numel() != world * block.numel():
+            raise ValueError(
+                f"{call}: {'input' if input_blocks else 'output'} has {whole.numel()} elements, "
+                f"it must have world_size x {block.numel()} = {world * block.numel()} "
+                f"({world} blocks the size of {'output' if input_blocks else 'input'})")
+        if output.dtype != input.dtype:
+            raise TypeError(f"{call}: output is {output.dtype} but input is {input.dtype}; "
+                            "use one dtype for both")
+
+    def _hierarchical_blocks(self, whole: torch.Tensor) -> bool:
+        topo = self._res.topo
+        return (topo.machines > 1 and topo.devices_per_machine > 1
+                and whole.numel() * whole.element_size() >= self.config.min_bytes)
 
     def _route_flat(self, t: torch.Tensor) -> bool:
         return (self._res.topo.machines == 1
@@ -221,9 +319,19 @@ class _Context:
     def __init__(self, res: Resources, record: Record) -> None:
         self.topo, self.transport, self.sync, self.buffers, self.kernels = \
             res.topo, res.transport, res.sync, res.buffers, res.kernels
+        self.rank_order = res.rank_order
         self.op_number = record.op_number
         self.record = record
         self.wire: torch.dtype | None = None
+
+
+def _device_of(group: dist.ProcessGroup) -> torch.device:
+    """CUDA when the group can run NCCL (its backend is nccl, or ringreduce's own with
+    GPUs present), on the current device, as torch's NCCL group does; else the CPU."""
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend or ("ringreduce" in backend and torch.cuda.is_available()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _as_torch_future(job: concurrent.futures.Future[Any],

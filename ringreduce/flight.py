@@ -24,6 +24,7 @@ class Record:
     dtype: str
     op: str
     route: str
+    kind: str = "all_reduce"
     started: float = field(default_factory=time.time)
     stages: list[tuple[str, int, str, float]] = field(default_factory=list)
     """(stage, slice, "start" | "end", seconds since ``started``)."""
@@ -36,8 +37,9 @@ class FlightRecorder:
         self.rank = rank
         self.path = path.replace("{rank}", str(rank)) if path else None
 
-    def begin(self, op_number: int, numel: int, dtype: str, op: str, route: str) -> Record:
-        record = Record(op_number, numel, dtype, op, route)
+    def begin(self, op_number: int, numel: int, dtype: str, op: str, route: str,
+              kind: str = "all_reduce") -> Record:
+        record = Record(op_number, numel, dtype, op, route, kind)
         if self._records.maxlen:
             self._records.append(record)
         return record
@@ -54,9 +56,9 @@ class FlightRecorder:
                   self.rank, reason, len(rows))
         for row in rows:
             last = row["stages"][-1] if row["stages"] else None
-            log.error("  op #%s %s x %s %s via %s, finished=%s, last stage event %s",
-                      row["op_number"], row["numel"], row["dtype"], row["op"], row["route"],
-                      row["finished"] is not None, last)
+            log.error("  op #%s %s %s x %s %s via %s, finished=%s, last stage event %s",
+                      row["op_number"], row["kind"], row["numel"], row["dtype"], row["op"],
+                      row["route"], row["finished"] is not None, last)
         if self.path:
             with open(self.path, "w") as f:
                 json.dump({"rank": self.rank, "reason": reason, "operations": rows}, f, indent=1)

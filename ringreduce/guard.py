@@ -38,11 +38,11 @@ class Guard:
                 f"operation failed ({self.failure}); its peers are in an unknown state: "
                 "restart the job, or re-create the process group and the Communicator")
 
-    def agree(self, op_number: int, t: torch.Tensor, op: str) -> None:
+    def agree(self, op_number: int, t: torch.Tensor, op: str, kind: str = "all_reduce") -> None:
         """Every rank must be about to run the same call; raise on every rank if not."""
         self.checks += 1
         n = self.checks
-        mine = f"all_reduce(numel={t.numel()}, dtype={t.dtype}, op={op})"
+        mine = f"{kind}(numel={t.numel()}, dtype={t.dtype}, op={op})"
         self.store.set(f"fp/{n}/{self.rank}", mine)
         keys = [f"fp/{n}/{r}" for r in range(self.world_size)]
         try:
@@ -57,7 +57,7 @@ class Guard:
                 raise RingReduceError(
                     f"collective mismatch at operation #{op_number}: rank {self.rank} calls "
                     f"{mine}, rank {r} calls {theirs}; every rank must issue the same "
-                    "all_reduce calls in the same order")
+                    "collective calls in the same order")
         if n > 2:  # every rank has read check n-2's keys before it wrote check n-1's
             self.store.delete_key(f"fp/{n - 2}/{self.rank}")
 

@@ -197,7 +197,7 @@ def run_steps(steps: Sequence[Step], flat: torch.Tensor, plans: Sequence[SlicePl
                                                  ctx.buffers, ctx.wire)
         ctx.sync.wait(step.stage, step.waits)
         stamp(ctx.record, step.stage, step.slice_index, "start")
-        with ctx.sync.on(step.stage), _stage_errors(ctx, step, flat):
+        with ctx.sync.on(step.stage), stage_errors(ctx, step.stage, flat, str(step.slice_index)):
             if step.stage == stages[0]:
                 io.copy_in()
             _run_stage(step.stage, io.parts, op, ctx)
@@ -238,17 +238,23 @@ def flat_here(t: torch.Tensor, op: str, ctx: Any, stream: int | None) -> None:
     """all_reduce(t, op) on ``stream``, which must be current. Synchronous calls use
     the caller's stream, like ``dist.all_reduce``: at sizes where the flat route is
     taken, host time is the cost, and events plus a stream switch are a third of it."""
-    with _errors(ctx, FLAT, "-", tuple(range(ctx.topo.world_size)), t):
+    with stage_errors(ctx, FLAT, t):
         ctx.transport.flat_all_reduce(t, op, stream)
         if op == "avg":
             finish_average(t, ctx.topo.world_size)
 
 
-def _stage_errors(ctx: Any, step: Step, t: torch.Tensor) -> contextlib.AbstractContextManager[None]:
+def stage_errors(ctx: Any, stage: str, t: torch.Tensor,
+                 slice_index: str = "-") -> contextlib.AbstractContextManager[None]:
+    """Failures inside ``stage`` become RingReduceError naming the stage's peers."""
     topo = ctx.topo
-    peers = topo.intra_ranks() if step.stage in ("reduce_scatter", "all_gather") \
-        else topo.rail_ranks()
-    return _errors(ctx, step.stage, str(step.slice_index), peers, t)
+    if stage == FLAT:
+        peers: Sequence[int] = tuple(range(topo.world_size))
+    elif stage in ("reduce_scatter", "all_gather"):
+        peers = topo.intra_ranks()
+    else:
+        peers = topo.rail_ranks()
+    return _errors(ctx, stage, slice_index, peers, t)
 
 
 @contextlib.contextmanager

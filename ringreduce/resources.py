@@ -40,6 +40,8 @@ class Resources:
     guard: Any = None
     kernels: Any = None
     """native/ kernels (CUDA with cupy); None: the add stage uses torch ops."""
+    rank_order: Any = None
+    """int64 indices of the group's ranks in (device, machine) order, on ``device``."""
     release_steps: list[Any] = field(default_factory=list)
 
     def release(self) -> None:
@@ -50,17 +52,17 @@ class Resources:
         self.release_steps.clear()
 
 
-def build_resources(group: dist.ProcessGroup, config: Config) -> Resources:
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    store = _group_store(group, world)
+def build_resources(store: dist.Store, rank: int, world: int, device: torch.device,
+                    config: Config) -> Resources:
+    """Everything for one communicator of ``world`` ranks meeting in ``store`` (a
+    namespace of its own): collective, every rank calls it with its ``rank``."""
     if config.machines is not None:
         topo = topology.from_virtual(world, config.machines, rank)
     else:
         store.set(f"host/{rank}", host_identity())
         hosts = [store.get(f"host/{r}").decode() for r in range(world)]
         topo = topology.from_host_ids(hosts, rank)
-    is_cuda = "nccl" in str(dist.get_backend(group)).lower()
-    device = torch.device("cuda", torch.cuda.current_device()) if is_cuda else torch.device("cpu")
+    is_cuda = device.type == "cuda"
     slice_bytes = config.resolved_slice_bytes(topo.devices_per_machine, topo.machines)
     slot_bytes, slots = _staging_geometry(topo, slice_bytes, config.staging_bytes)
     buffers = Buffers(topo, slot_bytes, slots if topo.machines > 1 else 0,
@@ -68,20 +70,30 @@ def build_resources(group: dist.ProcessGroup, config: Config) -> Resources:
     res = Resources(topo, is_cuda, device, slice_bytes, slots, None, None, buffers)
     recorder = FlightRecorder(config.flight_records, rank, config.flight_file)
     res.guard = Guard(store, rank, world, config.timeout_s, recorder)
+    res.rank_order = _rank_order(topo, device)
     if is_cuda:
         _build_cuda(res, store, config.rail_channels)
     else:
-        _build_cpu(res, group, datetime.timedelta(seconds=config.timeout_s))
+        _build_cpu(res, store, datetime.timedelta(seconds=config.timeout_s))
     return res
 
 
-def _group_store(group: dist.ProcessGroup, world: int) -> dist.Store:
+def group_store(group: dist.ProcessGroup, world: int) -> dist.Store:
     """A store namespace unique to this communicator: ranks construct communicators
     in the same order, so the n-th construction on every rank gets instance n."""
     base = dist.distributed_c10d._get_default_store()
     name = getattr(group, "group_name", "") or "world"
     instance = (base.add(f"ringreduce/{name}/instances", 1) - 1) // world
     return dist.PrefixStore(f"ringreduce/{name}/{instance}/", base)
+
+
+def _rank_order(topo: Topology, device: torch.device) -> torch.Tensor:
+    """Group ranks in (device, machine) order: row d*M + m of a (D, M, n) view belongs
+    to rank ``ranks[m][d]`` (hierarchical reduce-scatter and all-gather regroup their
+    blocks with it). Built once, so no call copies indices from the host."""
+    order = [topo.ranks[m][d] for d in range(topo.devices_per_machine)
+             for m in range(topo.machines)]
+    return torch.tensor(order, dtype=torch.int64).to(device)
 
 
 def _staging_geometry(topo: Topology, slice_bytes: int, budget: int) -> tuple[int, int]:
@@ -120,28 +132,22 @@ def _build_cuda(res: Resources, store: dist.Store, rail_channels: int | None) ->
     res.release_steps += [lambda c=c: nccl.destroy(c) for c in comms.values()]
 
 
-def _build_cpu(res: Resources, group: dist.ProcessGroup, timeout: datetime.timedelta) -> None:
-    """gloo sub-groups with ringreduce's own deadline: a dead or absent peer turns
-    into an error after ``timeout`` instead of the user group's (30 min default)."""
+def _build_cpu(res: Resources, store: dist.Store, timeout: datetime.timedelta) -> None:
+    """gloo groups made directly on the store (no torch.distributed registration, so
+    the same code serves the "ringreduce" backend, which is built before the default
+    group exists), each with ringreduce's own deadline: a dead or absent peer turns
+    into an error after ``timeout`` instead of the user group's (30 min default).
+    A rank makes only the groups it belongs to; ranks inside are group-local."""
     topo = res.topo
-    global_ranks = [dist.get_global_rank(group, r) if group is not dist.group.WORLD else r
-                    for r in range(topo.world_size)]
 
-    def new(ranks: tuple[int, ...]) -> dist.ProcessGroup:
-        return dist.new_group([global_ranks[r] for r in ranks], backend="gloo", timeout=timeout)
+    def gloo(name: str, ranks: tuple[int, ...]) -> dist.ProcessGroupGloo:
+        sub = dist.PrefixStore(f"gloo/{name}/", store)
+        return dist.ProcessGroupGloo(sub, ranks.index(topo.rank), len(ranks), timeout)
 
-    # new_group is collective over the world: every rank creates every group in order.
-    flat = new(tuple(range(topo.world_size)))
-    intra = rail = None
+    groups = {"world": gloo("world", tuple(range(topo.world_size)))}
     if topo.devices_per_machine > 1:
-        for m, ranks in enumerate(topo.all_intra()):
-            g = new(ranks)
-            intra = g if m == topo.machine_index else intra
+        groups["intra"] = gloo(f"intra{topo.machine_index}", topo.intra_ranks())
     if topo.machines > 1:
-        for d, ranks in enumerate(topo.all_rails()):
-            g = new(ranks)
-            rail = g if d == topo.device_index else rail
-    res.transport = GlooTransport(topo, flat, intra, rail, global_ranks)
+        groups["rail"] = gloo(f"rail{topo.device_index}", topo.rail_ranks())
+    res.transport = GlooTransport(topo, groups)
     res.sync = HostOrder()
-    res.release_steps += [lambda g=g: dist.destroy_process_group(g)
-                          for g in (flat, intra, rail) if g is not None]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
 
 from . import nccl
 from .topology import Topology
@@ -112,24 +113,32 @@ class NcclTransport:
     def flat_all_reduce(self, t: torch.Tensor, op: str, stream: int) -> None:
         nccl.all_reduce(self.comms["world"], t, op, stream)
 
+    def reduce_scatter_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor, op: str,
+                            stream: int) -> None:
+        """recv = block ``rank`` of the reduction of ``send`` over ``comm``'s ranks."""
+        nccl.reduce_scatter(self.comms[comm], send, recv, op, stream)
+
+    def all_gather_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor,
+                        stream: int) -> None:
+        """recv = every rank's ``send`` of ``comm``, in its rank order."""
+        nccl.all_gather(self.comms[comm], send, recv, stream)
+
 
 class GlooTransport:
-    """Stage operations on gloo sub-groups: intra-machine and rail groups."""
+    """Stage operations on gloo groups ("world", "intra", "rail"), called directly
+    with group-local ranks: device index inside a machine, machine index on a rail."""
 
-    def __init__(self, topo: Topology, world: dist.ProcessGroup, intra: dist.ProcessGroup | None,
-                 rail: dist.ProcessGroup | None, global_ranks: Sequence[int]) -> None:
+    def __init__(self, topo: Topology, groups: dict[str, dist.ProcessGroupGloo]) -> None:
         self.topo = topo
-        self.world, self.intra, self.rail = world, intra, rail
+        self.groups = groups
         self.others = other_machines(topo)
-        # torch's point-to-point calls take global ranks.
-        self.rail_peers = [global_ranks[topo.ranks[j][topo.device_index]] for j in self.others]
 
     def reduce_scatter(self, parts: Sequence[Part], op: str, stream: None = None) -> None:
         d = self.topo.device_index
         for p in parts:
-            out = torch.empty_like(p.view[d]).view(-1)  # gloo gets no aliased buffers
-            _reduce_scatter(out, p.view.view(-1), op=_gloo_op(op), group=self.intra)
-            p.view[d].view(-1).copy_(out)
+            out = torch.empty_like(p.view[d])  # gloo gets no aliased buffers
+            self.reduce_scatter_into("reduce_scatter", p.view, out, op)
+            p.view[d].copy_(out)
 
     def collect(self, parts: Sequence[Part], stream: None = None) -> None:
         d = self.topo.device_index
@@ -150,26 +159,41 @@ class GlooTransport:
     def all_gather(self, parts: Sequence[Part], stream: None = None) -> None:
         d = self.topo.device_index
         for p in parts:
-            _all_gather(p.view.view(-1), p.view[d].clone().view(-1), group=self.intra)
+            self.all_gather_into("all_gather", p.view[d].clone(), p.view)
 
     def flat_all_reduce(self, t: torch.Tensor, op: str, stream: None = None) -> None:
-        dist.all_reduce(t, op=_gloo_op(op), group=self.world)
+        opts = c10d.AllreduceOptions()
+        opts.reduceOp = _gloo_op(op)
+        self.groups["world"].allreduce([t], opts).wait()
+
+    def reduce_scatter_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor, op: str,
+                            stream: None = None) -> None:
+        """recv = block ``rank`` of the reduction of ``send`` over ``comm``'s ranks."""
+        opts = c10d.ReduceScatterOptions()
+        opts.reduceOp = _gloo_op(op)
+        self.groups[_GROUP_OF[comm]]._reduce_scatter_base(recv.view(-1), send.view(-1),
+                                                          opts).wait()
+
+    def all_gather_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor,
+                        stream: None = None) -> None:
+        """recv = every rank's ``send`` of ``comm``, in group-rank order."""
+        self.groups[_GROUP_OF[comm]]._allgather_base(recv.view(-1), send.view(-1)).wait()
 
     def _exchange(self, moves: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
         """For each (i, out, into): send ``out`` to and receive ``into`` from rail peer i.
         Both sides list moves in the same order, so gloo's per-peer FIFO pairs them."""
-        works = []
+        rail, works = self.groups["rail"], []
         for i, out, into in moves:
-            peer = self.rail_peers[i]
-            works.append(dist.isend(out, dst=peer, group=self.rail))
-            works.append(dist.irecv(into, src=peer, group=self.rail))
+            peer = self.others[i]  # a rail's group rank is the machine index
+            works.append(rail.send([out], peer, 0))
+            works.append(rail.recv([into], peer, 0))
         for w in works:
             w.wait()
 
 
-# torch 2.13 renamed the flat-tensor collectives; older releases only have the old names.
-_reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_GROUP_OF = {"world": "world", "reduce_scatter": "intra", "all_gather": "intra",
+             "collect": "rail", "diffuse": "rail"}
+"""Which gloo group plays each NCCL communicator's part."""
 
 
 def _gloo_op(op: str) -> dist.ReduceOp.RedOpType:

@@ -85,3 +85,28 @@ def sizes_for(devices: int, machines: int) -> list[int]:
     """0, 1, primes, sizes around the D*M padding boundary, and several slices."""
     g = devices * machines
     return sorted({0, 1, 2, 3, 5, 7, 13, g - 1, g, g + 1, 2 * g + 3, 97, 257})
+
+
+def block_sweep(comm: ringreduce.Communicator, sizes: list[int], device: torch.device,
+                dtypes: tuple[torch.dtype, ...] = DTYPES, ops: tuple[object, ...] = OPS) -> int:
+    """reduce_scatter and all_gather at every (block size, dtype, op), alternating
+    sync and async, against results computed locally; returns the call count."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    calls = 0
+    for (n, dtype, op), use_async in zip(itertools.product(sizes, dtypes, ops),
+                                         itertools.cycle((False, True))):
+        out = torch.full((n,), 99, dtype=dtype, device=device)
+        fut = comm.reduce_scatter(out, rank_input(rank, world * n, dtype, device, calls), op=op,
+                                  async_op=use_async)
+        assert (fut is not None and fut.wait() is out) if use_async else fut is None
+        want = expected(world, world * n, dtype, op, device, calls)[rank * n:(rank + 1) * n]
+        check_equal(out, want, f"reduce_scatter n={n} {dtype} {op} on {comm.topology}")
+        calls += 1
+        gathered = torch.full((world * n,), 99, dtype=dtype, device=device)
+        fut = comm.all_gather(gathered, rank_input(rank, n, dtype, device, calls),
+                              async_op=use_async)
+        assert (fut is not None and fut.wait() is gathered) if use_async else fut is None
+        want = torch.cat([rank_input(r, n, dtype, device, calls) for r in range(world)])
+        check_equal(gathered, want, f"all_gather n={n} {dtype} on {comm.topology}")
+        calls += 1
+    return calls

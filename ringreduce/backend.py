@@ -1,0 +1,125 @@
+"""The torch.distributed backend "ringreduce": ``dist.init_process_group("ringreduce")``.
+
+Fairring's users changed one string; so can ours. ``all_reduce`` on the group runs
+through a ringreduce Communicator (hierarchical across machines, NCCL's own below
+``min_bytes`` or on one machine, exactly as a Communicator routes it). Every other
+collective goes to NCCL for CUDA tensors and gloo for CPU tensors: the group
+registers both as its per-device backends, so torch dispatches them natively. DDP
+needs no hook, because its reducer calls the group's ``allreduce``.
+
+Registered on ``import ringreduce`` (once per process). Needs torch >= 2.4 for
+Python process groups with per-device backends (``ProcessGroup._register_backend``)
+and ``_create_work_from_future``; tested on 2.11 (GPU) and 2.13 (CPU). The device
+forms ``"cuda:ringreduce"`` and ``"cpu:gloo,cuda:ringreduce"`` work too, but give the
+same group: torch lets a Python process group serve every device.
+
+An ``allreduce`` the engine does not take (several tensors, another dtype or op such
+as PREMUL_SUM or BAND, a non-contiguous tensor) runs on the device's own backend;
+logged once per reason, never silent.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+
+from .engine import DTYPES, OPS, Communicator
+
+NAME = "ringreduce"
+log = logging.getLogger("ringreduce")
+_BackendType = dist.ProcessGroup.BackendType
+
+
+class RingReduceGroup(dist.ProcessGroup):
+    """A process group whose all-reduce is ringreduce's; built by torch's
+    ``init_process_group`` / ``new_group`` through ``create``."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int,
+                 timeout: datetime.timedelta) -> None:
+        super().__init__(rank, size)
+        self._store = store
+        self._engines: dict[str, Communicator] = {}
+        self._delegated: set[str] = set()
+        gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+        self._register_backend(torch.device("cpu"), _BackendType.GLOO, gloo)
+        default = _BackendType.GLOO
+        if torch.cuda.is_available() and dist.is_nccl_available():
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, size, options)
+            self._register_backend(torch.device("cuda"), _BackendType.NCCL, nccl)
+            default = _BackendType.NCCL
+        self._set_default_backend(default)
+
+    def getBackendName(self) -> str:
+        return NAME
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        opts = opts if opts is not None else c10d.AllreduceOptions()
+        reason = self._not_ours(tensors, opts.reduceOp)
+        if reason:
+            return self._delegate(tensors, opts, reason)
+        t = tensors[0]
+        fut = self._engine(t.device).all_reduce(t, op=opts.reduceOp.op, async_op=True)
+        assert fut is not None
+        # torch's Work carries a list of tensors (DDP's reducer reads element 0).
+        return c10d._create_work_from_future(fut.then(lambda f: [f.value()]))
+
+    def communicator(self, device: torch.device) -> Communicator:
+        """The engine serving ``device``'s tensors (built on first use, collectively)."""
+        return self._engine(device)
+
+    def _engine(self, device: torch.device) -> Communicator:
+        engine = self._engines.get(device.type)
+        if engine is None:
+            if device.type == "cuda":
+                device = torch.device("cuda", torch.cuda.current_device())
+            store = dist.PrefixStore(f"engine/{device.type}/", self._store)
+            engine = Communicator._on_store(store, self.rank(), self.size(), device)
+            self._engines[device.type] = engine
+        return engine
+
+    @staticmethod
+    def _not_ours(tensors: list[torch.Tensor], op: Any) -> str:
+        """Why the engine cannot take this call ("" when it can)."""
+        if len(tensors) != 1:
+            return f"{len(tensors)} tensors in one call"
+        t = tensors[0]
+        if t.dtype not in DTYPES:
+            return f"dtype {t.dtype}"
+        if op.op not in OPS:
+            return f"op {op.op}"
+        if not t.is_contiguous() or t.layout != torch.strided:
+            return "a non-contiguous or non-strided tensor"
+        return ""
+
+    def _delegate(self, tensors: list[torch.Tensor], opts: Any, reason: str) -> Any:
+        device = tensors[0].device if tensors else torch.device("cpu")
+        if reason not in self._delegated:
+            self._delegated.add(reason)
+            log.warning("ringreduce backend: all_reduce of %s runs on %s's own backend "
+                        "(logged once per reason)", reason, device.type)
+        return self._get_backend(device).allreduce(tensors, opts)
+
+    def shutdown(self) -> None:
+        """Close the engines (``destroy_process_group`` calls this)."""
+        while self._engines:
+            _, engine = self._engines.popitem()
+            engine.close()
+
+
+def create(store: dist.Store, rank: int, size: int,
+           timeout: datetime.timedelta) -> RingReduceGroup:
+    return RingReduceGroup(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Make "ringreduce" a torch.distributed backend; a second call does nothing."""
+    if NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend(NAME, create, devices=["cpu", "cuda"])

@@ -1,0 +1,87 @@
+"""The "ringreduce" torch.distributed backend on the CPU path: dist.all_reduce goes
+through the engine (bit-exact, hierarchical at 2 x 2), everything else through gloo,
+and DDP without a hook trains like DDP on gloo."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ringreduce
+from ringreduce.backend import RingReduceGroup
+
+from .cases import DTYPES, OPS, check_equal, expected, rank_input
+from .multiproc import run_ranks
+from .test_cpu_api import model, train
+
+CPU = torch.device("cpu")
+ENV = {"RINGREDUCE_MACHINES": "2", "RINGREDUCE_MIN_BYTES": "0"}
+
+
+def _group() -> RingReduceGroup:
+    group = dist.group.WORLD
+    assert isinstance(group, RingReduceGroup) and dist.get_backend() == "ringreduce"
+    return group
+
+
+def _collectives_worker(rank: int, world: int) -> None:
+    calls = 0
+    for n in (1, 7, 1000):
+        for dtype in DTYPES:
+            for op in OPS:
+                t = rank_input(rank, n, dtype, CPU, calls)
+                dist.all_reduce(t, op=op)
+                check_equal(t, expected(world, n, dtype, op, CPU, calls), f"{n} {dtype} {op}")
+                calls += 1
+    engine = _group().communicator(CPU)
+    assert engine.op_number == calls, (engine.op_number, calls)  # all of them were ours
+    assert engine.topology.machines == 2
+    records = list(engine._res.guard.recorder._records)
+    assert {r.route for r in records} == {"hierarchical"}
+    # Not the engine's: PRODUCT goes to gloo, logged once; the engine is not called.
+    t = torch.full((5,), 2.0)
+    dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
+    assert torch.equal(t, torch.full((5,), 16.0)) and engine.op_number == calls
+    # Other collectives are gloo's, through torch's own dispatch.
+    b = torch.full((3,), float(rank))
+    dist.broadcast(b, src=1)
+    assert torch.equal(b, torch.ones(3))
+    gathered = torch.zeros(world * 2)
+    dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank)))
+    assert torch.equal(gathered, torch.arange(world).repeat_interleave(2).float())
+    dist.barrier()
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    assert work is not None and work.wait()
+
+
+def test_backend_all_reduce_goes_through_the_engine(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    run_ranks(_collectives_worker, 4, backend="ringreduce", env=ENV)
+
+
+def _ddp_worker(rank: int, world: int) -> None:
+    gloo = dist.new_group(backend="gloo")
+    reference = train(DDP(model(), bucket_cap_mb=0.01, process_group=gloo), rank, steps=6)
+    got = train(DDP(model(), bucket_cap_mb=0.01), rank, steps=6)  # the default group: ours
+    # Both divide by the world size before summing; the sum order differs (machine
+    # partials first), so fp32 results may differ in the last bits.
+    for a, b in zip(got, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert _group().communicator(CPU).op_number >= 6
+
+
+def test_ddp_without_a_hook_on_the_backend_matches_gloo() -> None:
+    run_ranks(_ddp_worker, 4, backend="ringreduce", env=ENV)
+
+
+def test_registration_is_idempotent() -> None:
+    import ringreduce.backend as backend
+
+    backend.register()
+    backend.register()
+    assert dist.Backend.backend_list.count("ringreduce") == 1
+    assert ringreduce.Communicator is not None

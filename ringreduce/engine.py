@@ -159,11 +159,13 @@ class Communicator:
         self._op_number += 1
         record = guard.recorder.begin(self._op_number, t.numel(), str(t.dtype), op, route, kind)
         if self._res.is_cuda:
-            try:
-                fut = on_cuda(record)
-            except RingReduceError as exc:
-                guard.fail(exc, record)
-                raise
+            with self._res.issue_lock:
+                try:
+                    fut, ends = on_cuda(record)
+                except RingReduceError as exc:
+                    self._res.fail(exc, record)
+                    raise
+                self._watch(record, ends)
             guard.finish(record)  # on CUDA: issued (the device finishes later)
             return fut
         job = self._worker.submit(self._run_cpu, on_cpu, record)  # type: ignore[union-attr]
@@ -185,15 +187,17 @@ class Communicator:
 
     def _issue_inline(self, run: Callable[[_Context, int], None], record: Record,
                       async_op: bool,
-                      result: torch.Tensor) -> torch.futures.Future[torch.Tensor] | None:
-        """CUDA: ``run`` on the caller's current stream (no stage streams to join)."""
+                      result: torch.Tensor) -> tuple[Any, list[tuple[str, str]]]:
+        """CUDA: ``run`` on the caller's current stream (no stage streams to join).
+        Returns the Future (or None) and what the watchdog should watch."""
         if result.numel():
             run(self._ctx(record), torch.cuda.current_stream().cuda_stream)
+        ends = [(record.kind, CALLER)]
         if not async_op:
-            return None
+            return None, ends
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[result.device])
         fut.set_result(result)  # records an event on the current stream
-        return fut
+        return fut, ends
 
     def _check_op(self, op: Any) -> str:
         """Caller mistakes raise here and in the checks below, before any communication."""
@@ -209,7 +213,7 @@ class Communicator:
         if self._closed:
             raise RingReduceError("this ringreduce.Communicator is closed; create a new one")
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{call} expects a torch.Tensor for {name}, got {type(t).__name__}")
+            raise TypeError(f"{call} expects a torch.Tensor, got {type(t).__name__} for {name}")
         if t.is_sparse or t.layout != torch.strided:
             raise ValueError(f"{call} needs a dense tensor, got layout {t.layout}; "
                              "call .to_dense() first")
@@ -278,24 +282,51 @@ class Communicator:
         return schedule.active_stages(topo.devices_per_machine)[-1]
 
     def _issue_cuda(self, t: torch.Tensor, op: str, async_op: bool,
-                    record: Record) -> torch.futures.Future[torch.Tensor] | None:
+                    record: Record) -> tuple[Any, list[tuple[str, str]]]:
         last = self._execute(t, op, record, inline=not async_op)
         sync = self._res.sync
+        ends = _stage_ends(last, self._res.topo.devices_per_machine)
         if not async_op:
             if last:
                 sync.leave()
-            return None
+            return None, ends
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
         if not last:
             fut.set_result(t)
-            return fut
+            return fut, ends
         sync.adopt(t, (*schedule.STAGES, FLAT))
         with sync.on(last):  # the Future records an event on the last stage's stream
             fut.set_result(t)
-        return fut
+        return fut, ends
 
     def _ctx(self, record: Record) -> _Context:
         return _Context(self._res, record)
+
+    def _watch(self, record: Record, ends: list[tuple[str, str]]) -> None:
+        """Hand the issued call to the watchdog: one fresh event per stream it used
+        (stage label, stream), recorded after its last work there."""
+        res = self._res
+        if res.watchdog is None or torch.cuda.is_current_stream_capturing():
+            return  # a captured graph's work runs at replay; events recorded now mean nothing
+        topo, done = res.topo, []
+        for label, stream in ends:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream() if stream == CALLER
+                         else res.sync.streams[stream])
+            done.append((label, event, _peers(topo, stream)))
+        res.watchdog.watch(record.op_number, f"{record.kind} of {record.numel} x {record.dtype}",
+                           done)
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Block the host until every issued call finished on the device (True), or
+        ``timeout_s`` passed (False). Raises RingReduceError when an operation failed
+        (a dead or hung peer, after the deadline at most). The CPU path: until the
+        queued calls ran."""
+        if not self._res.is_cuda:
+            self._worker.submit(lambda: None).result()  # type: ignore[union-attr]
+            self._res.guard.check_usable()
+            return True
+        return self._res.wait_idle(timeout_s)
 
     def close(self) -> None:
         """Finish outstanding work and release communicators. Idempotent."""
@@ -323,6 +354,29 @@ class _Context:
         self.op_number = record.op_number
         self.record = record
         self.wire: torch.dtype | None = None
+
+
+CALLER = "caller"
+"""Stands for the caller's current stream in a call's stream ends."""
+RAIL = ("collect", "add", "diffuse")
+
+
+def _stage_ends(last: str, devices: int) -> list[tuple[str, str]]:
+    """(stage, stream) pairs whose completion means an all_reduce finished: every
+    active stage for the hierarchical route (in order, so the watchdog names the
+    first stuck one), the flat stream, or the caller's stream."""
+    if not last:
+        return [(FLAT, CALLER)]
+    if last == FLAT:
+        return [(FLAT, FLAT)]
+    return [(s, s) for s in schedule.active_stages(devices)]
+
+
+def _peers(topo: Topology, stream: str) -> tuple[int, ...]:
+    """Who a stream's work waits for: the machine, the rail, or everyone."""
+    if stream in ("reduce_scatter", "all_gather"):
+        return topo.intra_ranks()
+    return topo.rail_ranks() if stream in RAIL else tuple(range(topo.world_size))
 
 
 def _device_of(group: dist.ProcessGroup) -> torch.device:

@@ -176,35 +176,40 @@ def default_nprocs() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 4
 
 
-def run_ranks(fn: Callable[[Launch, torch.device], R], nprocs: int | None = None) -> R:
+def run_ranks(fn: Callable[[Launch, torch.device], R], nprocs: int | None = None, *,
+              backend: str | None = None, cuda: bool | None = None) -> R:
     """Run ``fn(launch, device)`` on every rank inside an initialised process group and
-    return rank 0's result (this rank's own under a launcher)."""
+    return rank 0's result (this rank's own under a launcher). ``backend`` replaces the
+    default (nccl with CUDA, else gloo), e.g. ``"cpu:gloo,cuda:ringreduce"``;
+    ``cuda=False`` keeps the ranks on CPU on a GPU host (default: CUDA when there)."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
     launch = detect()
     if launch.launcher != "standalone":
         if nprocs is not None:
             raise ValueError(f"nprocs={nprocs} needs a run without a launcher; "
                              f"{launch.launcher} already started {launch.world_size} ranks")
-        return _joined(fn, launch, init_method(launch), None)
-    n = nprocs or default_nprocs()
+        return _joined(fn, launch, init_method(launch), None, backend, cuda)
+    n = nprocs or (default_nprocs() if cuda else 4)
     # A FileStore in a private folder, not TCP: no port to pick, none to collide.
     with tempfile.TemporaryDirectory(prefix="ringreduce-") as folder:
-        mp.spawn(_spawned, args=(fn, n, folder), nprocs=n)
+        mp.spawn(_spawned, args=(fn, n, folder, backend, cuda), nprocs=n)
         with open(os.path.join(folder, "result.pickle"), "rb") as f:
             return pickle.load(f)
 
 
-def _spawned(index: int, fn: Callable[[Launch, torch.device], R], n: int, folder: str) -> None:
+def _spawned(index: int, fn: Callable[[Launch, torch.device], R], n: int, folder: str,
+             backend: str | None, cuda: bool) -> None:
     store = dist.FileStore(os.path.join(folder, "store"), n)
-    result = _joined(fn, Launch("standalone", index, n, index, n), None, store)
+    result = _joined(fn, Launch("standalone", index, n, index, n), None, store, backend, cuda)
     if index == 0:
         with open(os.path.join(folder, "result.pickle"), "wb") as f:
             pickle.dump(result, f)
 
 
 def _joined(fn: Callable[[Launch, torch.device], R], launch: Launch, url: str | None,
-            store: dist.Store | None) -> R:
-    """nccl on GPU ``local_rank`` when CUDA is there, else gloo; always torn down."""
-    if torch.cuda.is_available():
+            store: dist.Store | None, backend: str | None, cuda: bool) -> R:
+    """nccl on GPU ``local_rank`` with CUDA, else gloo (or ``backend``); always torn down."""
+    if cuda:
         if launch.local_rank >= torch.cuda.device_count():
             raise ValueError(f"local rank {launch.local_rank} but only "
                              f"{torch.cuda.device_count()} visible GPUs; start at most one "
@@ -214,9 +219,10 @@ def _joined(fn: Callable[[Launch, torch.device], R], launch: Launch, url: str | 
     else:
         device = torch.device("cpu")
         torch.set_num_threads(1)  # the ranks share the host's cores: avoid oversubscription
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=url,
+    # device_id binds (and eagerly connects) NCCL; a mixed backend string connects lazily.
+    dist.init_process_group(backend or ("nccl" if cuda else "gloo"), init_method=url,
                             store=store, rank=launch.rank, world_size=launch.world_size,
-                            device_id=device if device.type == "cuda" else None)
+                            device_id=device if cuda and backend is None else None)
     try:
         return fn(launch, device)
     finally:

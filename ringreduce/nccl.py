@@ -14,7 +14,8 @@ stream would serialise against the caller's work).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -71,44 +72,6 @@ def new_unique_id() -> bytes:
     return bytes(_core.get_unique_id())
 
 
-def config(channels_per_net_peer: int | None = None) -> Any:
-    """Per-communicator settings (ncclConfig_t), so that nothing process-wide changes
-    for the user's own NCCL communicators:
-      blocking=True          calls return when enqueued (the watchdog variant with
-                             non-blocking communicators is the reliability issue's);
-      launch_order_implicit  (NCCL >= 2.26) kernels of ringreduce's communicators start
-                             on a GPU in host issue order. Stages use four communicators
-                             on five streams; without it two GPUs could start them in
-                             different orders and wait on each other forever;
-      n_channels_per_net_peer  how many channels (sockets) send/recv to one network
-                             peer may use: the rail stages are send/recv."""
-    _require()
-    return _core.NCCLConfig(blocking=True, launch_order_implicit=True,
-                            n_channels_per_net_peer=channels_per_net_peer)
-
-
-def init(world_size: int, rank: int, unique_id: bytes) -> Comm:
-    """ncclCommInitRankConfig."""
-    _require()
-    uid = _core.UniqueId.from_bytes(unique_id)
-    return _core.Communicator.init(world_size, rank, uid, config())
-
-
-def split(parent: Comm, color: int, key: int, channels_per_net_peer: int | None = None) -> Comm:
-    """ncclCommSplit: collective over the parent; ranks with one color form a child."""
-    return parent.split(color=color, key=key, config=config(channels_per_net_peer))
-
-
-@contextmanager
-def group() -> Iterator[None]:
-    """ncclGroupStart/ncclGroupEnd: fuse the calls inside into one launch."""
-    _raw.group_start()
-    try:
-        yield
-    finally:
-        _raw.group_end()
-
-
 # ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
 #     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 def all_reduce(comm: Comm, t: torch.Tensor, op: str, stream: int) -> None:
@@ -143,11 +106,165 @@ def recv(comm: Comm, t: torch.Tensor, peer: int, stream: int) -> None:
     _raw.recv(t.data_ptr(), t.numel(), dtype_code(t.dtype), peer, comm._comm, stream)
 
 
-def destroy(comm: Comm) -> None:
-    """ncclCommDestroy: collective within a node; only on the happy path (close)."""
-    comm.destroy()
-
-
 def abort(comm: Comm) -> None:
     """ncclCommAbort: local, safe on error paths."""
     comm.abort()
+
+
+# --- Non-blocking communicators: what the watchdog needs, and what switching takes -----
+#
+# Findings for nccl4py 0.6.0 (the wheel in .whl/) and NCCL 2.2x (NVIDIA/nccl: user guide
+# docs/userguide/source/usage/{communicators,groups}.rst, src/init.cc, src/group.cc):
+#  * nccl4py never raises on ncclInProgress. Every raw wrapper ends in check_status(),
+#    which raises NCCLError unless the result is ncclSuccess or ncclInProgress (bindings
+#    template in NVIDIA/nccl bindings/nccl4py; on 0.6.0 nccl.bindings.nccl.check_status(7)
+#    returns, check_status(1..6, 8) raise). A call that merely started therefore looks
+#    like one that finished: only ncclCommGetAsyncError tells them apart.
+#  * Init (Communicator.init calls ncclCommInitRankScalable) returns at once with the
+#    new handle in ncclInProgress: poll the new communicator (user guide, "Creating a
+#    communicator with options"). Split: the child handle stays NULL "until comm split
+#    fully complete" (src/init.cc ncclCommSplit), so poll the *parent*, then the child
+#    (user guide, Fault Tolerance example; nccl4py keeps children referenced in
+#    Communicator._children_in_progress until the parent leaves ncclInProgress).
+#  * A split given a config does not inherit the parent's blocking flag (parseCommConfig,
+#    not copyCommConfig): every split needs blocking=False. NCCL_COMM_BLOCKING=0/1 in the
+#    environment overrides the config (envConfigOverride).
+#  * Collectives and ncclGroupEnd: on a non-blocking communicator a group that must first
+#    connect peers (first use of a peer or algorithm) or holds init/split jobs runs on an
+#    NCCL thread and returns ncclInProgress (src/group.cc ncclGroupEndInternal); otherwise
+#    the kernels are enqueued before it returns ncclSuccess. Until the state is
+#    ncclSuccess: no CUDA work on the streams NCCL uses (recording stage events included;
+#    groups.rst "Nonblocking Group Operation"), and the next NCCL call on that
+#    communicator fails with ncclInvalidArgument, "Attempt to use communicator before the
+#    previous operation returned ncclSuccess" (ncclCommEnsureReady), which nccl4py raises
+#    as NCCLError. So call wait_ready on every communicator after each group_end or
+#    ungrouped collective (group_ready below); in steady state the first poll succeeds.
+#  * ncclCommGetAsyncError reads atomics, so another thread may poll it while this one
+#    issues work (torch's ProcessGroupNCCL watchdog does). ncclCommAbort is local and may
+#    be called at any point on non-blocking communicators, but only while no other thread
+#    is inside an NCCL call (user guide, Fault Tolerance). nccl4py's abort() then sets
+#    comm._comm to NULL; later raw calls fail on the NULL handle.
+#  * Close: finalize() is non-blocking too; destroy() may block unless the state is
+#    ncclSuccess first ("Destroying a communicator"): see finalize_and_destroy.
+
+_SUCCESS = 0
+_IN_PROGRESS = 7
+"""ncclSuccess and ncclInProgress (nccl.h; nccl.bindings.nccl.Result)."""
+
+# First pause and cap when polling a communicator: steady state needs no pause at all,
+# connecting peers takes milliseconds to seconds; doubling from 100 us keeps the extra
+# wait below 2x and 10 ms while leaving the GIL to other threads.
+_FIRST_PAUSE_S = 1e-4
+_MAX_PAUSE_S = 1e-2
+
+
+def nonblocking_config(channels_per_net_peer: int | None = None) -> Any:
+    """Per-communicator settings (ncclConfig_t), so that nothing process-wide changes
+    for the user's own NCCL communicators:
+      blocking=False         no NCCL call waits for peers, so a host thread is never
+                             stuck inside NCCL and the watchdog can abort at any time;
+      launch_order_implicit  (NCCL >= 2.26) kernels of ringreduce's communicators start
+                             on a GPU in host issue order. Stages use four communicators
+                             on five streams; without it two GPUs could start them in
+                             different orders and wait on each other forever;
+      n_channels_per_net_peer  how many channels (sockets) send/recv to one network
+                             peer may use: the rail stages are send/recv."""
+    _require()
+    return _core.NCCLConfig(blocking=False, launch_order_implicit=True,
+                            n_channels_per_net_peer=channels_per_net_peer)
+
+
+def describe_result(code: int, comm: Comm | None = None) -> str:
+    """An NCCL result's name and text, e.g. ncclRemoteError (remote process exited or
+    there was a network error), plus NCCL's last error text when ``comm`` has one."""
+    try:
+        name = f"nccl{_raw.Result(code).name}"
+    except ValueError:
+        name = f"ncclResult {code}"
+    text = f"{name} ({_raw.get_error_string(code)})"
+    last = _raw.get_last_error(comm._comm) if comm is not None and comm._comm else ""
+    return f"{text}; last NCCL error: {last.strip()}" if last.strip() else text
+
+
+# ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
+def async_error(comm: Comm) -> str | None:
+    """None while ``comm`` is healthy (ncclSuccess) or still working (ncclInProgress),
+    else what went wrong. Callable from the watchdog thread (see above)."""
+    _require()
+    if not comm._comm:
+        return "the communicator was aborted or destroyed"
+    code = int(_raw.comm_get_async_error(comm._comm))
+    return None if code in (_SUCCESS, _IN_PROGRESS) else describe_result(code, comm)
+
+
+def wait_ready(comm: Comm, deadline: float, what: str) -> None:
+    """Poll ``comm`` until it leaves ncclInProgress. RingReduceError on an NCCL error
+    or once ``time.monotonic()`` passes ``deadline``; aborting is the caller's call."""
+    _require()
+    pause = _FIRST_PAUSE_S
+    while True:
+        code = int(_raw.comm_get_async_error(comm._comm))
+        if code == _SUCCESS:
+            return
+        if code != _IN_PROGRESS:
+            raise RingReduceError(f"{what}: NCCL reported {describe_result(code, comm)}")
+        if time.monotonic() >= deadline:
+            raise RingReduceError(f"{what}: still in progress at the deadline "
+                                  "(RINGREDUCE_TIMEOUT); a peer died, hangs, or never "
+                                  "made this call")
+        time.sleep(pause)
+        pause = min(2 * pause, _MAX_PAUSE_S)
+
+
+def init_nonblocking(world_size: int, rank: int, unique_id: bytes, deadline: float) -> Comm:
+    """init() on a non-blocking communicator, ready when it returns. On failure the
+    half-made communicator is aborted (no one else holds it) before raising."""
+    _require()
+    uid = _core.UniqueId.from_bytes(unique_id)
+    comm = _core.Communicator.init(world_size, rank, uid, nonblocking_config())
+    try:
+        wait_ready(comm, deadline, f"ncclCommInitRankScalable (rank {rank} of {world_size})")
+    except RingReduceError:
+        comm.abort()
+        raise
+    return comm
+
+
+def split_nonblocking(parent: Comm, color: int, key: int, deadline: float,
+                      channels_per_net_peer: int | None = None) -> Comm:
+    """split() with blocking=False, ready when it returns. On failure the caller must
+    abort ``parent``: that is what stops a split in progress (user guide)."""
+    child = parent.split(color=color, key=key, config=nonblocking_config(channels_per_net_peer))
+    try:
+        wait_ready(parent, deadline, f"ncclCommSplit (color {color}, key {key}), parent")
+        wait_ready(child, deadline, f"ncclCommSplit (color {color}, key {key}), child")
+    except RingReduceError:
+        child.abort()  # a no-op while the handle is still NULL
+        raise
+    return child
+
+
+@contextmanager
+def group_ready(comms: Sequence[Comm], deadline: float, what: str) -> Iterator[None]:
+    """group() for non-blocking communicators: after ncclGroupEnd, wait until every
+    communicator in the group left ncclInProgress (kernels enqueued)."""
+    _raw.group_start()
+    try:
+        yield
+    finally:
+        _raw.group_end()
+    for comm in comms:
+        wait_ready(comm, deadline, what)
+
+
+def finalize_and_destroy(comm: Comm, deadline: float) -> None:
+    """Happy-path close of a non-blocking communicator: ncclCommFinalize, poll to
+    ncclSuccess, ncclCommDestroy (then non-blocking). Aborts instead, and raises, when
+    finalizing fails or outlives ``deadline`` (a peer that never closes)."""
+    comm.finalize()
+    try:
+        wait_ready(comm, deadline, "ncclCommFinalize")
+    except RingReduceError:
+        comm.abort()
+        raise
+    comm.destroy()

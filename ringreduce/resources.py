@@ -7,8 +7,11 @@ world communicator whose unique id travels through the same store.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +20,13 @@ import torch.distributed as dist
 
 from . import kernels, layout, nccl, schedule, topology
 from .config import Config, host_identity
-from .flight import FlightRecorder
+from .errors import RingReduceError
+from .flight import FlightRecorder, Record
 from .guard import Guard
 from .pipeline import Buffers, CudaStreams, HostOrder
 from .topology import Topology
 from .transport import GlooTransport, NcclTransport
+from .watchdog import Watchdog
 
 log = logging.getLogger("ringreduce")
 
@@ -43,9 +48,42 @@ class Resources:
     rank_order: Any = None
     """int64 indices of the group's ranks in (device, machine) order, on ``device``."""
     release_steps: list[Any] = field(default_factory=list)
+    comms: dict[str, Any] = field(default_factory=dict)
+    """NCCL communicators by stage (CUDA), aborted together on a failure."""
+    watchdog: Watchdog | None = None
+    issue_lock: threading.RLock = field(default_factory=threading.RLock)
+    """Held while a call makes NCCL calls: NCCL forbids aborting a communicator while
+    another thread is inside an NCCL call on it."""
+    aborted: bool = False
+
+    def fail(self, exc: RingReduceError, record: Record | None) -> None:
+        """A failed operation: poison the Guard (dumps the flight recorder), abort every
+        NCCL communicator so that kernels waiting for a dead peer exit. Idempotent."""
+        with self.issue_lock:
+            self.guard.fail(exc, record)
+            if self.comms and not self.aborted:
+                self.aborted = True
+                with torch.cuda.device(self.device):
+                    for comm in self.comms.values():
+                        nccl.abort(comm)
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """CUDA: until issued work finished (True) or ``timeout_s`` (False); raises the
+        watchdog's RingReduceError after a failure."""
+        self.guard.check_usable()
+        return self.watchdog.wait_idle(timeout_s) if self.watchdog is not None else True
 
     def release(self) -> None:
-        """Happy-path teardown (explicit close): drain streams, then destroy."""
+        """Teardown (close): after a failure nothing is left to destroy (aborted);
+        otherwise let issued work finish, then destroy."""
+        if self.watchdog is not None:
+            if self.guard.failure is None:
+                with contextlib.suppress(RingReduceError):  # on_failure aborted everything
+                    self.watchdog.wait_idle()
+            self.watchdog.stop()
+        if self.aborted or self.guard.failure is not None:
+            self.release_steps.clear()
+            return
         self.sync.synchronize()
         for step in self.release_steps:
             step()
@@ -72,7 +110,7 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
     res.guard = Guard(store, rank, world, config.timeout_s, recorder)
     res.rank_order = _rank_order(topo, device)
     if is_cuda:
-        _build_cuda(res, store, config.rail_channels)
+        _build_cuda(res, store, config.rail_channels, config.timeout_s)
     else:
         _build_cpu(res, store, datetime.timedelta(seconds=config.timeout_s))
     return res
@@ -106,30 +144,51 @@ def _staging_geometry(topo: Topology, slice_bytes: int, budget: int) -> tuple[in
     return slot, max(2, budget // slot)
 
 
-def _build_cuda(res: Resources, store: dist.Store, rail_channels: int | None) -> None:
+def _build_cuda(res: Resources, store: dist.Store, rail_channels: int | None,
+                timeout_s: float) -> None:
     topo = res.topo
     if topo.rank == 0:
         store.set("nccl/world", nccl.new_unique_id())
-    world = nccl.init(topo.world_size, topo.rank, store.get("nccl/world"))
-    comms = {"world": world}
-    # Splits are collective over `world`; every rank makes the same calls in order.
-    if topo.devices_per_machine > 1:
-        for stage in ("reduce_scatter", "all_gather"):
-            comms[stage] = nccl.split(world, topo.machine_index, topo.device_index)
-    if topo.machines > 1:
-        for stage in ("collect", "diffuse"):
-            comms[stage] = nccl.split(world, topo.device_index, topo.machine_index,
-                                      rail_channels)
+    deadline = time.monotonic() + timeout_s  # a peer that never arrives: an error, no hang
+    world = nccl.init_nonblocking(topo.world_size, topo.rank, store.get("nccl/world"), deadline)
+    comms = res.comms
+    comms["world"] = world
+    try:
+        # Splits are collective over `world`; every rank makes the same calls in order.
+        if topo.devices_per_machine > 1:
+            for stage in ("reduce_scatter", "all_gather"):
+                comms[stage] = nccl.split_nonblocking(world, topo.machine_index,
+                                                      topo.device_index, deadline)
+        if topo.machines > 1:
+            for stage in ("collect", "diffuse"):
+                comms[stage] = nccl.split_nonblocking(world, topo.device_index,
+                                                      topo.machine_index, deadline, rail_channels)
+    except RingReduceError:
+        for comm in comms.values():  # aborting the parent stops a split in progress
+            nccl.abort(comm)
+        raise
     res.nccl_version = nccl.version()
     if kernels.available():
         res.kernels = kernels.Kernels(res.device)
     elif topo.rank == 0:
         log.warning("cupy is not importable: the add stage uses torch ops instead of the "
                     "fused native/add.cu kernel; install ringreduce[cu12] or [cu13]")
-    res.transport = NcclTransport(topo, comms)
+    res.transport = NcclTransport(topo, comms, timeout_s)
     res.sync = CudaStreams(res.device, schedule.event_names(
         topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
-    res.release_steps += [lambda c=c: nccl.destroy(c) for c in comms.values()]
+    res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: _async_error(comms),
+                            on_failure=lambda exc: res.fail(exc, None))
+    res.release_steps += [lambda c=c: nccl.finalize_and_destroy(c, time.monotonic() + timeout_s)
+                          for c in comms.values()]
+
+
+def _async_error(comms: dict[str, Any]) -> str | None:
+    """The first NCCL asynchronous error over ringreduce's communicators, named."""
+    for name, comm in comms.items():
+        message = nccl.async_error(comm)
+        if message:
+            return f"{name} communicator: {message}"
+    return None
 
 
 def _build_cpu(res: Resources, store: dist.Store, timeout: datetime.timedelta) -> None:

@@ -14,6 +14,8 @@ Per part, on rank (machine m, device d), ``view`` is ``(D, M, k)``:
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -73,21 +75,29 @@ class NcclTransport:
     """Stage operations on NCCL communicators, one per stage, so that stages of
     different slices run concurrently on their own streams."""
 
-    def __init__(self, topo: Topology, comms: dict[str, nccl.Comm]) -> None:
+    def __init__(self, topo: Topology, comms: dict[str, nccl.Comm], timeout_s: float) -> None:
         self.topo = topo
         self.comms = comms
+        self.timeout_s = timeout_s
         self.others = other_machines(topo)
+
+    def _group(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """One NCCL group on communicator ``name``, enqueued when it returns: the
+        communicators are non-blocking, so the first use of a peer (connection setup)
+        is polled here, up to the deadline, before any event follows the work."""
+        return nccl.group_ready([self.comms[name]], time.monotonic() + self.timeout_s,
+                                f"ncclGroupEnd on the {name} communicator")
 
     def reduce_scatter(self, parts: Sequence[Part], op: str, stream: int) -> None:
         d, comm = self.topo.device_index, self.comms["reduce_scatter"]
-        with nccl.group():
+        with self._group("reduce_scatter"):
             for p in parts:  # in place: recv is the d-th block of send
                 nccl.reduce_scatter(comm, p.view, p.view[d], op, stream)
 
     def collect(self, parts: Sequence[Part], stream: int) -> None:
         d, comm = self.topo.device_index, self.comms["collect"]
         sends = [collect_sends(p, d, self.others) for p in parts]  # casts on this stream
-        with nccl.group():
+        with self._group("collect"):
             for p, out in zip(parts, sends, strict=True):
                 for i, j in enumerate(self.others):
                     nccl.send(comm, out[i], j, stream)
@@ -96,7 +106,7 @@ class NcclTransport:
     def diffuse(self, parts: Sequence[Part], stream: int) -> None:
         d, m, comm = self.topo.device_index, self.topo.machine_index, self.comms["diffuse"]
         buffers = [diffuse_buffers(p, d, m, self.others) for p in parts]  # casts first
-        with nccl.group():
+        with self._group("diffuse"):
             for mine, into in buffers:
                 for i, j in enumerate(self.others):
                     nccl.send(comm, mine, j, stream)
@@ -106,22 +116,25 @@ class NcclTransport:
 
     def all_gather(self, parts: Sequence[Part], stream: int) -> None:
         d, comm = self.topo.device_index, self.comms["all_gather"]
-        with nccl.group():
+        with self._group("all_gather"):
             for p in parts:  # in place: send is the d-th block of recv
                 nccl.all_gather(comm, p.view[d], p.view, stream)
 
     def flat_all_reduce(self, t: torch.Tensor, op: str, stream: int) -> None:
-        nccl.all_reduce(self.comms["world"], t, op, stream)
+        with self._group("world"):
+            nccl.all_reduce(self.comms["world"], t, op, stream)
 
     def reduce_scatter_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor, op: str,
                             stream: int) -> None:
         """recv = block ``rank`` of the reduction of ``send`` over ``comm``'s ranks."""
-        nccl.reduce_scatter(self.comms[comm], send, recv, op, stream)
+        with self._group(comm):
+            nccl.reduce_scatter(self.comms[comm], send, recv, op, stream)
 
     def all_gather_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor,
                         stream: int) -> None:
         """recv = every rank's ``send`` of ``comm``, in its rank order."""
-        nccl.all_gather(self.comms[comm], send, recv, stream)
+        with self._group(comm):
+            nccl.all_gather(self.comms[comm], send, recv, stream)
 
 
 class GlooTransport:

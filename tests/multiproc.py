@@ -65,10 +65,11 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, init: str, backen
     torch.set_num_threads(1)  # CI has two cores and up to six ranks
     try:
         kwargs: dict[str, Any] = {}
-        if backend == "nccl":
+        if backend == "nccl" or "RR_TEST_DEVICE" in os.environ:  # a GPU test
             device = torch.device("cuda", int(os.environ.get("RR_TEST_DEVICE", rank)))
             torch.cuda.set_device(device)
-            kwargs["device_id"] = device
+            if backend == "nccl":
+                kwargs["device_id"] = device
         dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size,
                                 **kwargs)
         fn(rank, world_size, *args)

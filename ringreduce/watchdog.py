@@ -1,0 +1,226 @@
+"""Watchdog: turns a hung or failed CUDA operation into a RingReduceError.
+
+The CUDA path only enqueues work, so nothing on the host notices a dead peer: NCCL has
+no timeout of its own and its kernels wait forever. One daemon thread per Communicator
+watches what was issued and fails it after a deadline or on an NCCL asynchronous error:
+
+  engine thread                          watchdog thread (every poll_s while work is pending)
+  issue operation n, record one event    query each pending operation's stage events
+  per stage at its end                   drop operations whose events all completed
+  watch(n, what, stage events)  ----->   async_error() says something   -> fail
+                                         oldest pending operation waited
+                                         longer than timeout_s          -> fail
+                                         fail: on_failure(error) once, then stop
+
+The engine aborts its communicators, poisons its Guard and dumps the flight recorder in
+``on_failure``; ``wait_idle`` lets a host wait for outstanding work without hanging.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .errors import RingReduceError
+
+log = logging.getLogger("ringreduce")
+
+#: How often the thread looks while work is pending. 100 ms, as torch's ProcessGroupNCCL
+#: watchdog (kWatchdogThreadSleepMillis): detection latency is nothing next to the
+#: deadline (600 s by default, seconds in tests), and one poll costs a few microseconds
+#: of GIL per pending operation (cudaEventQuery, ncclCommGetAsyncError: an atomic load),
+#: so the issuing thread does not feel it. An idle watchdog does not poll at all.
+DEFAULT_POLL_S = 0.1
+
+
+class Completion(Protocol):
+    """A torch.cuda.Event (or a test double): ``query()`` is True once the work
+    recorded before it has finished."""
+
+    def query(self) -> bool: ...
+
+
+@dataclass
+class _Op:
+    op_number: int
+    what: str
+    stages: tuple[tuple[str, Completion, tuple[int, ...]], ...]
+    oldest_since: float | None
+    """When it became the oldest pending operation (time.monotonic()); its deadline
+    runs from then, so a queue of slow but healthy operations does not expire its tail."""
+    done: int = 0
+    """Stages known to have finished; an operation's stages finish in pipeline order."""
+
+    def finished(self) -> bool:
+        return self.done == len(self.stages)
+
+
+class Watchdog:
+    """Fails ringreduce's outstanding CUDA work after ``timeout_s`` without progress,
+    or as soon as ``async_error()`` returns a message.
+
+    ``on_failure`` runs once, on the watchdog thread, with the RingReduceError; it must
+    not wait for this watchdog (``stop`` from inside it is allowed and does not join).
+    """
+
+    def __init__(self, timeout_s: float, *, async_error: Callable[[], str | None],
+                 on_failure: Callable[[RingReduceError], None],
+                 poll_s: float = DEFAULT_POLL_S, rank: int | None = None) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s!r} must be positive seconds")
+        if not poll_s > 0:
+            raise ValueError(f"poll_s={poll_s!r} must be positive seconds")
+        self.timeout_s, self.poll_s, self.rank = timeout_s, poll_s, rank
+        self._async_error, self._on_failure = async_error, on_failure
+        self._cond = threading.Condition()
+        self._ops: collections.deque[_Op] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._failing: RingReduceError | None = None
+        """Set before on_failure runs: no new work is accepted from then on."""
+        self._failure: RingReduceError | None = None
+        """Set after on_failure returned (communicators aborted): waiters raise it."""
+
+    @property
+    def failure(self) -> RingReduceError | None:
+        return self._failure
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def pending(self) -> int:
+        """Operations watched and not yet seen finished."""
+        with self._cond:
+            return len(self._ops)
+
+    def watch(self, op_number: int, what: str,
+              stage_done: Sequence[tuple[str, Completion, Sequence[int]]]) -> None:
+        """Watch operation ``op_number`` (``what``: e.g. "tensor of 1048576 x
+        torch.float32"). ``stage_done``: (stage, completion, peer ranks) in pipeline
+        order; each completion must not be recorded again after this call."""
+        op = _Op(op_number, what, tuple((s, c, tuple(p)) for s, c, p in stage_done), None)
+        with self._cond:
+            if self._failing is not None:
+                raise RingReduceError(f"the watchdog refuses new work after a failure: "
+                                      f"{self._failing}")
+            if self._stopping:
+                raise RingReduceError("the watchdog is stopped (the communicator is closed)")
+            if not self._ops:
+                op.oldest_since = time.monotonic()
+                self._cond.notify_all()  # wake an idle thread; a busy one polls anyway
+            self._ops.append(op)
+            if self._thread is None:
+                # Daemon: a process whose peers hang must still be able to exit.
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="ringreduce-watchdog")
+                self._thread.start()
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Block until every watched operation finished (True) or ``timeout_s`` passed
+        (False); raise the watchdog's RingReduceError if it failed. Never hangs past
+        the watchdog's own deadline while the thread runs."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if self._failure is not None:
+                    raise RingReduceError(str(self._failure))
+                if not self._ops and self._failing is None:
+                    return True
+                if self._stopping and self._failing is None:
+                    return False  # nothing will make progress any more
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+
+    def stop(self) -> None:
+        """Stop and join the thread (idempotent). Pending operations stay unchecked."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._ops and not self._stopping:
+                    self._cond.wait()  # idle: no polling until work is watched
+                if self._stopping:
+                    return
+                ops = list(self._ops)  # only this thread removes, so a snapshot is safe
+            try:
+                error = self._check(ops)
+            except Exception as exc:  # a watchdog that dies silently would hide hangs
+                error = self._error(ops[0], f"the watchdog itself failed: {exc!r}")
+            if error is not None:
+                self._fail(error)
+                return
+            with self._cond:
+                self._drop_finished()
+                if self._stopping:
+                    return
+                self._cond.wait(self.poll_s)
+
+    def _check(self, ops: list[_Op]) -> RingReduceError | None:
+        """One poll: advance every operation, then look for an error or an expiry."""
+        for op in ops:
+            try:
+                _advance(op)
+            except Exception as exc:  # e.g. a sticky CUDA error surfacing in the query
+                return self._error(op, f"querying its completion raised {exc!r}")
+        pending = [op for op in ops if not op.finished()]
+        message = self._async_error()
+        if message:
+            target = pending[0] if pending else ops[-1]
+            return self._error(target, f"NCCL reported an asynchronous error: {message}")
+        head = pending[0] if pending else None
+        if head is not None and head.oldest_since is not None \
+                and time.monotonic() - head.oldest_since > self.timeout_s:
+            return self._error(head, f"no progress within the deadline of {self.timeout_s:g} s "
+                                     "(RINGREDUCE_TIMEOUT); a peer died, hangs, or never "
+                                     "made this call")
+        return None
+
+    def _drop_finished(self) -> None:
+        """Under the lock: forget finished operations, start the new oldest's clock."""
+        before = len(self._ops)
+        self._ops = collections.deque(op for op in self._ops if not op.finished())
+        if self._ops and self._ops[0].oldest_since is None:
+            self._ops[0].oldest_since = time.monotonic()
+        if len(self._ops) != before:
+            self._cond.notify_all()  # wait_idle
+
+    def _error(self, op: _Op, cause: str) -> RingReduceError:
+        stage, peers = "-", ()
+        if op.stages:  # the first unfinished stage, or the last one if all finished
+            stage, _, peers = op.stages[min(op.done, len(op.stages) - 1)]
+        where = "" if self.rank is None else f" on rank {self.rank}"
+        return RingReduceError(
+            f"ringreduce stage '{stage}' failed{where} in operation #{op.op_number} "
+            f"({op.what}), peers (group ranks) {list(peers)}: {cause}")
+
+    def _fail(self, error: RingReduceError) -> None:
+        with self._cond:
+            self._failing = error
+        log.error("ringreduce watchdog: %s", error)
+        try:
+            self._on_failure(error)
+        except Exception:
+            log.exception("ringreduce watchdog: on_failure raised; the operation stays failed")
+        with self._cond:  # published only now: communicators are aborted when waiters wake
+            self._failure = error
+            self._ops.clear()
+            self._cond.notify_all()
+
+
+def _advance(op: _Op) -> None:
+    while not op.finished() and op.stages[op.done][1].query():
+        op.done += 1

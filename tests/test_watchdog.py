@@ -1,0 +1,295 @@
+"""The watchdog on the CPU: completion flags stand in for CUDA events, a callable for
+NCCL's async error. Also nccl.py's non-blocking polling helpers over a fake binding."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from ringreduce import nccl
+from ringreduce.errors import RingReduceError
+from ringreduce.watchdog import Watchdog
+
+POLL = 0.01  # fast polls keep each test well under a second
+PEERS = {"collect": [0, 2], "add": [], "diffuse": [0, 2]}
+
+
+class Flag:
+    """A completion that finishes when the test says so."""
+
+    def __init__(self, done: bool = False) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+class Failures:
+    """on_failure that records every call."""
+
+    def __init__(self) -> None:
+        self.errors: list[RingReduceError] = []
+        self.called = threading.Event()
+
+    def __call__(self, error: RingReduceError) -> None:
+        self.errors.append(error)
+        self.called.set()
+
+
+class AsyncError:
+    """async_error that reports nothing until ``message`` is set; counts its calls."""
+
+    def __init__(self) -> None:
+        self.message: str | None = None
+        self.calls = 0
+
+    def __call__(self) -> str | None:
+        self.calls += 1
+        return self.message
+
+
+def _stages(*done: bool) -> tuple[list[tuple[str, Flag, list[int]]], list[Flag]]:
+    flags = [Flag(d) for d in done]
+    return [(s, f, PEERS[s]) for s, f in zip(("collect", "add", "diffuse"), flags,
+                                             strict=False)], flags
+
+
+def _watchdog(timeout_s: float = 30.0, **kw: Any) -> tuple[Watchdog, Failures, AsyncError]:
+    failures, errors = Failures(), AsyncError()
+    wd = Watchdog(timeout_s, async_error=errors, on_failure=failures, poll_s=POLL, rank=1, **kw)
+    return wd, failures, errors
+
+
+def _until(condition: Any, within: float = 2.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(POLL)
+    return condition()
+
+
+def test_completed_operations_are_dropped() -> None:
+    wd, failures, _ = _watchdog()
+    entries, flags = _stages(False, False, False)
+    wd.watch(1, "tensor of 100 x torch.float32", entries)
+    wd.watch(2, "tensor of 100 x torch.float32", _stages(True, True, True)[0])
+    assert _until(lambda: wd.pending() == 1)  # op 2 finished out of order: dropped
+    for f in flags:
+        f.done = True
+    assert wd.wait_idle(timeout_s=2.0)
+    assert wd.pending() == 0 and not failures.errors
+    wd.stop()
+
+
+def test_timeout_names_the_first_unfinished_stage() -> None:
+    wd, failures, _ = _watchdog(timeout_s=0.2)
+    started = time.monotonic()
+    wd.watch(7, "tensor of 1048576 x torch.float32", _stages(True, False, False)[0])
+    assert failures.called.wait(3.0)
+    assert 0.2 <= time.monotonic() - started < 2.0
+    message = str(failures.errors[0])
+    assert message.startswith("ringreduce stage 'add' failed on rank 1 in operation #7 "
+                              "(tensor of 1048576 x torch.float32), peers (group ranks) []")
+    assert "no progress within the deadline of 0.2 s (RINGREDUCE_TIMEOUT)" in message
+    with pytest.raises(RingReduceError, match=r"stage 'add' .* operation #7"):
+        wd.wait_idle()
+    assert wd.failure is failures.errors[0] and wd.pending() == 0
+    with pytest.raises(RingReduceError, match="refuses new work"):
+        wd.watch(8, "tensor of 1 x torch.float32", _stages(False)[0])
+    wd.stop()
+
+
+def test_async_error_fails_at_once_naming_the_oldest_operation() -> None:
+    wd, failures, errors = _watchdog(timeout_s=60.0)
+    wd.watch(3, "tensor of 10 x torch.float32", _stages(False, False, False)[0])
+    wd.watch(4, "tensor of 20 x torch.float32", _stages(False, False, False)[0])
+    time.sleep(5 * POLL)
+    assert not failures.errors
+    errors.message = "ncclRemoteError (remote process exited or there was a network error)"
+    assert failures.called.wait(2.0)
+    message = str(failures.errors[0])
+    assert "stage 'collect' failed on rank 1 in operation #3 (tensor of 10 x " in message
+    assert "peers (group ranks) [0, 2]" in message
+    assert message.endswith("NCCL reported an asynchronous error: ncclRemoteError (remote "
+                            "process exited or there was a network error)")
+
+
+def test_on_failure_runs_once_and_the_thread_stops() -> None:
+    wd, failures, errors = _watchdog(timeout_s=0.05)
+    for n in range(5):
+        wd.watch(n + 1, "tensor of 1 x torch.int32", _stages(False, False, False)[0])
+    errors.message = "ncclSystemError"  # both causes hold, and keep holding
+    assert failures.called.wait(2.0)
+    assert _until(lambda: not wd.running)
+    time.sleep(10 * POLL)
+    assert len(failures.errors) == 1
+
+
+def test_failure_is_published_after_on_failure_returns() -> None:
+    """wait_idle raises only once on_failure (the engine's abort) has finished."""
+    release = threading.Event()
+    seen: list[RingReduceError | None] = []
+    wd: Watchdog
+
+    def slow_abort(error: RingReduceError) -> None:
+        seen.append(wd.failure)
+        release.wait(2.0)
+
+    wd = Watchdog(0.05, async_error=lambda: None, on_failure=slow_abort, poll_s=POLL)
+    wd.watch(1, "tensor of 1 x torch.int32", _stages(False)[0])
+    assert not wd.wait_idle(timeout_s=0.3)  # on_failure still running: not published
+    release.set()
+    with pytest.raises(RingReduceError, match=r"stage 'collect' failed in operation #1"):
+        wd.wait_idle(timeout_s=2.0)
+    assert seen == [None]
+
+
+def test_on_failure_that_raises_still_fails_the_operation() -> None:
+    def broken(error: RingReduceError) -> None:
+        raise RuntimeError("abort blew up")
+
+    wd = Watchdog(0.05, async_error=lambda: None, on_failure=broken, poll_s=POLL)
+    wd.watch(1, "tensor of 1 x torch.int32", _stages(False)[0])
+    with pytest.raises(RingReduceError, match="no progress within the deadline"):
+        wd.wait_idle(timeout_s=2.0)
+
+
+def test_deadline_runs_from_when_an_operation_became_the_oldest() -> None:
+    wd, failures, _ = _watchdog(timeout_s=0.6)
+    first, first_flags = _stages(False)
+    wd.watch(1, "tensor of 1 x torch.float32", first)
+    wd.watch(2, "tensor of 1 x torch.float32", _stages(False)[0])
+    time.sleep(0.5)
+    first_flags[0].done = True  # op 2 becomes the oldest now, not at its issue
+    time.sleep(0.35)  # 0.85 s after op 2's issue, 0.35 s after it became the oldest
+    assert not failures.errors and wd.pending() == 1
+    assert failures.called.wait(2.0)
+    assert "operation #2" in str(failures.errors[0])
+
+
+def test_a_query_that_raises_is_a_failure() -> None:
+    class Broken:
+        def query(self) -> bool:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    wd, failures, _ = _watchdog()
+    wd.watch(5, "tensor of 1 x torch.float32", [("diffuse", Broken(), [1])])
+    assert failures.called.wait(2.0)
+    assert "stage 'diffuse'" in str(failures.errors[0])
+    assert "illegal memory access" in str(failures.errors[0])
+
+
+def test_an_idle_watchdog_does_not_poll() -> None:
+    wd, _, errors = _watchdog()
+    wd.watch(1, "tensor of 1 x torch.float32", _stages(True)[0])
+    assert wd.wait_idle(timeout_s=2.0)
+    time.sleep(2 * POLL)
+    calls = errors.calls
+    time.sleep(20 * POLL)
+    assert errors.calls == calls
+    wd.stop()
+
+
+def test_stop_joins_and_is_idempotent() -> None:
+    wd, failures, _ = _watchdog()
+    wd.stop()  # never started: nothing to join
+    wd, failures, _ = _watchdog()
+    wd.watch(1, "tensor of 1 x torch.float32", _stages(False)[0])
+    assert wd.running
+    wd.stop()
+    assert not wd.running
+    wd.stop()
+    assert not failures.errors
+    assert not wd.wait_idle(timeout_s=0.1)  # stopped with work pending: never idle
+    with pytest.raises(RingReduceError, match="stopped"):
+        wd.watch(2, "tensor of 1 x torch.float32", _stages(False)[0])
+
+
+def test_watch_from_many_threads() -> None:
+    wd, failures, _ = _watchdog()
+
+    def issue(base: int) -> None:
+        for n in range(50):
+            wd.watch(base + n, "tensor of 1 x torch.float32", _stages(True, True, True)[0])
+
+    threads = [threading.Thread(target=issue, args=(1000 * i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wd.wait_idle(timeout_s=2.0) and not failures.errors
+    wd.stop()
+
+
+def test_bad_settings_are_caller_mistakes() -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        Watchdog(0, async_error=lambda: None, on_failure=lambda e: None)
+    with pytest.raises(ValueError, match="poll_s"):
+        Watchdog(1, async_error=lambda: None, on_failure=lambda e: None, poll_s=0)
+
+
+# --- nccl.py's non-blocking helpers over a fake binding --------------------------------
+
+class _Result(enum.IntEnum):
+    Success = 0
+    RemoteError = 6
+    InProgress = 7
+
+
+class _FakeRaw:
+    """The slice of nccl.bindings.nccl the helpers use; states are returned in turn,
+    the last one forever."""
+
+    Result = _Result
+
+    def __init__(self, *states: int) -> None:
+        self.states = list(states)
+
+    def comm_get_async_error(self, handle: Any) -> int:
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+    def get_error_string(self, code: int) -> str:
+        return "remote process exited or there was a network error"
+
+    def get_last_error(self, handle: Any) -> str:
+        return "socket closed by peer\n"
+
+
+class _Comm:
+    def __init__(self, handle: int = 1) -> None:
+        self._comm = handle
+
+
+def _fake(monkeypatch: pytest.MonkeyPatch, *states: int) -> None:
+    monkeypatch.setattr(nccl, "_core", object())  # _require() passes without nccl4py
+    monkeypatch.setattr(nccl, "_raw", _FakeRaw(*states))
+
+
+def test_async_error_ignores_success_and_in_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake(monkeypatch, 0)
+    assert nccl.async_error(_Comm()) is None
+    _fake(monkeypatch, 7)
+    assert nccl.async_error(_Comm()) is None
+    _fake(monkeypatch, 6)
+    assert nccl.async_error(_Comm()) == ("ncclRemoteError (remote process exited or there "
+                                         "was a network error); last NCCL error: socket "
+                                         "closed by peer")
+    assert nccl.async_error(_Comm(0)) == "the communicator was aborted or destroyed"
+
+
+def test_wait_ready_polls_until_success(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake(monkeypatch, 7, 7, 7, 0)
+    nccl.wait_ready(_Comm(), time.monotonic() + 2.0, "ncclCommSplit")
+    _fake(monkeypatch, 7, 6)
+    with pytest.raises(RingReduceError, match=r"ncclCommSplit: NCCL reported ncclRemoteError"):
+        nccl.wait_ready(_Comm(), time.monotonic() + 2.0, "ncclCommSplit")
+    _fake(monkeypatch, 7)
+    started = time.monotonic()
+    with pytest.raises(RingReduceError, match="still in progress at the deadline"):
+        nccl.wait_ready(_Comm(), started + 0.1, "ncclCommInitRankScalable")
+    assert time.monotonic() - started < 1.0

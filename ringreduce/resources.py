@@ -29,6 +29,11 @@ from .transport import GlooTransport, NcclTransport
 from .watchdog import Watchdog
 
 log = logging.getLogger("ringreduce")
+_ABORT_LOCK_WAIT_S = 2.0
+"""How long a failure waits for the issuing thread to leave NCCL before aborting anyway:
+a healthy issue (a few hundred microseconds) is long done by then."""
+_ABORT_WAIT_S = 20.0
+"""How long the aborts may take before the failure is reported without them."""
 
 
 @dataclass
@@ -59,13 +64,21 @@ class Resources:
     def fail(self, exc: RingReduceError, record: Record | None) -> None:
         """A failed operation: poison the Guard (dumps the flight recorder), abort every
         NCCL communicator so that kernels waiting for a dead peer exit. Idempotent."""
-        with self.issue_lock:
+        # The issuing thread may itself be stuck inside NCCL or a kernel launch (a full
+        # launch queue behind kernels that wait for a dead peer): then the lock never
+        # frees, and only the abort can unstick it. torch's watchdog aborts regardless.
+        locked = self.issue_lock.acquire(timeout=_ABORT_LOCK_WAIT_S)
+        try:
             self.guard.fail(exc, record)
             if self.comms and not self.aborted:
                 self.aborted = True
-                with torch.cuda.device(self.device):
-                    for comm in self.comms.values():
-                        nccl.abort(comm)
+                if not locked:
+                    log.warning("ringreduce: aborting while the issuing thread is inside "
+                                "NCCL or CUDA (stuck behind the failed operation)")
+                _abort_together(self.comms, self.device)
+        finally:
+            if locked:
+                self.issue_lock.release()
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """CUDA: until issued work finished (True) or ``timeout_s`` (False); raises the
@@ -180,6 +193,32 @@ def _build_cuda(res: Resources, store: dist.Store, rail_channels: int | None,
                             on_failure=lambda exc: res.fail(exc, None))
     res.release_steps += [lambda c=c: nccl.finalize_and_destroy(c, time.monotonic() + timeout_s)
                           for c in comms.values()]
+
+
+def _abort_together(comms: dict[str, Any], device: torch.device) -> None:
+    """ncclCommAbort on every communicator at once, one thread each, waiting a bounded
+    time. One after another hangs (seen on H200, NCCL 2.28, 2026-11-23): the first
+    abort frees device memory, which waits for the device, where the other
+    communicators' kernels still wait for the dead peer; they leave only once their
+    own abort flag is set. A communicator whose abort does not return in time is
+    logged, and the failure is reported anyway."""
+    def abort(comm: Any) -> None:
+        torch.cuda.set_device(device)  # the current device is per thread
+        nccl.abort(comm)
+
+    threads = {name: threading.Thread(target=abort, args=(comm,), daemon=True,
+                                      name=f"ringreduce-abort-{name}")
+               for name, comm in comms.items()}
+    for t in threads.values():
+        t.start()
+    deadline = time.monotonic() + _ABORT_WAIT_S
+    for t in threads.values():
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [name for name, t in threads.items() if t.is_alive()]
+    if stuck:
+        log.error("ringreduce: ncclCommAbort of the %s communicator(s) did not return within "
+                  "%.0f s; reporting the failure anyway (the process may need to exit)",
+                  ", ".join(stuck), _ABORT_WAIT_S)
 
 
 def _async_error(comms: dict[str, Any]) -> str | None:

@@ -10,6 +10,7 @@ from its next ``all_reduce``. Run with ``pytest -m gpu``; skipped without CUDA o
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 import os
 import signal
@@ -44,7 +45,9 @@ def _env_with_deadline() -> list[dict[str, str]]:
 
 def _healthy(dev: torch.device) -> ringreduce.Communicator:
     """A communicator whose rail connections exist: the fault must hit a running
-    pipeline, not NCCL's connection setup."""
+    pipeline, not NCCL's connection setup. A survivor that hangs anyway prints every
+    thread's stack (faulthandler) and exits, so the log shows where."""
+    faulthandler.dump_traceback_later(DEADLINE + SLACK + 30, exit=True)
     comm = ringreduce.Communicator(min_bytes=0)
     assert (comm.topology.machines, comm.topology.devices_per_machine) == (2, 1)
     t = torch.ones(1 << 20, device=dev)
@@ -75,6 +78,14 @@ def _survive(comm: ringreduce.Communicator, dev: torch.device) -> str:
     return message
 
 
+def _leave() -> None:
+    """Exit the survivor without torch's own NCCL group teardown: with a dead peer that
+    teardown is torch's business (and may wait for it), not what these tests measure."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _killed_worker(rank: int, world: int) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     comm = _healthy(dev)
@@ -84,6 +95,7 @@ def _killed_worker(rank: int, world: int) -> None:
         time.sleep(0.02)  # the survivor's calls are now in flight
         os.kill(os.getpid(), signal.SIGKILL)
     _survive(comm, dev)
+    _leave()
 
 
 def test_gpu_rank_killed_mid_operation_becomes_an_error() -> None:
@@ -105,6 +117,7 @@ def _absent_worker(rank: int, world: int) -> None:
     message = _survive(comm, dev)
     assert "RINGREDUCE_TIMEOUT" in message, message  # the deadline fired, not an error
     assert time.monotonic() - started >= DEADLINE - 1
+    _leave()
 
 
 def test_gpu_rank_that_never_calls_becomes_an_error() -> None:

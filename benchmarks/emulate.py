@@ -3,6 +3,11 @@
     python benchmarks/emulate.py --machines 2 --gpus-per-machine 2 -- -b 1M -e 256M
     python benchmarks/emulate.py --machines 2 --gpus-per-machine 2 --mode loopback \\
         --nccl-tuned -- -b 1M -e 256M
+    python benchmarks/emulate.py --machines 2 --gpus-per-machine 2 \\
+        --script benchmarks/dlrm.py -- --modes nccl,hook,backend
+
+``--script`` runs another script in the bench's place, with the same per-rank
+environment and ``--machines M`` in front of its arguments (no ``--link-gbit``).
 
 Rank (m, d) = m * D + d gets torchrun's variables (LOCAL_RANK = d, so it uses GPU d)
 and ``NCCL_HOSTID=vm<m>``: NCCL then treats virtual machines as separate hosts and
@@ -188,11 +193,11 @@ def rank_env(args: argparse.Namespace, m: int, d: int, port: int) -> dict[str, s
 
 def rank_command(args: argparse.Namespace, iproute: Iproute | None, m: int,
                  bench_args: list[str]) -> list[str]:
-    """The bench for virtual machine m; in capped mode inside its namespace.
+    """The bench (or --script) for virtual machine m; in capped mode inside its namespace.
     ``ip netns exec`` looks its command up on PATH and passes ip's LD_LIBRARY_PATH
     on, so the command is full paths and ``env -u`` restores the caller's."""
-    bench = [sys.executable, "-m", "ringreduce.bench", "--machines", str(args.machines),
-             *bench_args]
+    program = ["-m", "ringreduce.bench"] if args.script is None else [str(args.script)]
+    bench = [sys.executable, *program, "--machines", str(args.machines), *bench_args]
     if iproute is None:
         return bench
     restore = ["-u", "LD_LIBRARY_PATH"]
@@ -262,13 +267,18 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--mtu", type=int, default=9000, help="jumbo frames, like datacenter NICs")
     p.add_argument("--nccl-tuned", action="store_true", help=" ".join(NCCL_TUNED))
     p.add_argument("--iproute-dir", type=Path, default=REPO / ".iproute")
+    p.add_argument("--script", type=Path,
+                   help="run this Python script per rank instead of ringreduce.bench")
     args = p.parse_args(own)
+    if args.script is not None:
+        args.script = args.script.resolve()  # the ranks run from the repository root
     if any(a == "--machines" or a.startswith("--machines=") for a in bench):
         raise SystemExit("pass --machines before `--`: emulate.py gives it to the bench")
     if not 1 <= args.machines <= 253 or args.gpus_per_machine < 1:
         raise SystemExit(f"--machines {args.machines} --gpus-per-machine "
                          f"{args.gpus_per_machine}: need 1..253 machines (one /24) and >= 1")
-    if args.mode == "capped" and not any(a.startswith("--link-gbit") for a in bench):
+    if args.mode == "capped" and args.script is None \
+            and not any(a.startswith("--link-gbit") for a in bench):
         bench += ["--link-gbit", str(rate_gbit(args.link_cap))]
     return args, bench
 

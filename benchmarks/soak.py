@@ -61,27 +61,30 @@ class Call:
     def __init__(self, comm: ringreduce.Communicator, rng: random.Random, index: int,
                  max_bytes: int, device: torch.device) -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
-        self.dtype, self.op, self.index = rng.choice(DTYPES), rng.choice(OPS), index
+        # The checks below close over locals, not self: a reference cycle would keep
+        # finished tensors alive until the garbage collector runs (memory "grows").
+        dtype, op = rng.choice(DTYPES), rng.choice(OPS)
+        self.dtype, self.op, self.index = dtype, op, index
         n = max(1, int(math.exp(rng.uniform(0, math.log(max_bytes / self.dtype.itemsize)))))
         self.kind = rng.choices(("all_reduce", "reduce_scatter", "all_gather"), (8, 1, 1))[0]
         use_async = rng.random() < 0.5
         if self.kind == "all_reduce":
-            self.out = rank_input(rank, n, self.dtype, device, index)
-            self.fut = comm.all_reduce(self.out, op=self.op, async_op=use_async)
-            self.want = lambda: expected(world, n, self.dtype, self.op, device, index)
+            self.out = rank_input(rank, n, dtype, device, index)
+            self.fut = comm.all_reduce(self.out, op=op, async_op=use_async)
+            self.want = lambda: expected(world, n, dtype, op, device, index)
         elif self.kind == "reduce_scatter":
             n = max(1, n // world)
-            self.out = torch.empty(n, dtype=self.dtype, device=device)
-            data = rank_input(rank, world * n, self.dtype, device, index)
-            self.fut = comm.reduce_scatter(self.out, data, op=self.op, async_op=use_async)
-            self.want = lambda: expected(world, world * n, self.dtype, self.op, device,
+            self.out = torch.empty(n, dtype=dtype, device=device)
+            data = rank_input(rank, world * n, dtype, device, index)
+            self.fut = comm.reduce_scatter(self.out, data, op=op, async_op=use_async)
+            self.want = lambda: expected(world, world * n, dtype, op, device,
                                          index)[rank * n:(rank + 1) * n]
         else:
             n = max(1, n // world)
-            self.out = torch.empty(world * n, dtype=self.dtype, device=device)
-            self.fut = comm.all_gather(self.out, rank_input(rank, n, self.dtype, device, index),
+            self.out = torch.empty(world * n, dtype=dtype, device=device)
+            self.fut = comm.all_gather(self.out, rank_input(rank, n, dtype, device, index),
                                        async_op=use_async)
-            self.want = lambda: torch.cat([rank_input(r, n, self.dtype, device, index)
+            self.want = lambda: torch.cat([rank_input(r, n, dtype, device, index)
                                            for r in range(world)])
         self.numel = self.out.numel()
 
@@ -89,6 +92,15 @@ class Call:
         if self.fut is not None:
             self.fut.wait()
         return int((self.out != self.want()).sum())
+
+
+def allocated(device: torch.device) -> int:
+    """Bytes held by live tensors once the device is idle. Blocks that async calls
+    used on other streams (record_stream) are handed back at the allocator's next
+    allocation, so make one before reading the figure."""
+    torch.cuda.synchronize(device)
+    torch.empty(1, device=device)
+    return torch.cuda.memory_allocated(device)
 
 
 def settle(calls: list[Call], failures: list[str]) -> int:
@@ -120,11 +132,10 @@ def soak(args: argparse.Namespace, job: launch.Launch, device: torch.device) -> 
                 print(f"# soak: {index + 1} calls, {wrong} wrong elements, "
                       f"{time.monotonic() - started:.0f} s", flush=True)
             if index + 1 == WARMUP and device.type == "cuda":  # nothing of ours is alive
-                torch.cuda.synchronize()
-                baseline = torch.cuda.memory_allocated(device)
+                baseline = allocated(device)
         comm.wait_idle()
         elapsed = time.monotonic() - started
-        final = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+        final = allocated(device) if device.type == "cuda" else None
         return {"rank": job.rank, "calls": args.calls, "wrong_elements": wrong,
                 "first_wrong": failures[0] if failures else None, "seconds": round(elapsed, 1),
                 "topology": str(comm.topology), "describe": comm.describe(),

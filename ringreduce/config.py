@@ -85,9 +85,10 @@ class Config:
     traffic to one peer uses few channels, hence few sockets, unless raised."""
 
     timeout_s: float = DEFAULT_TIMEOUT_S
-    """Deadline of one operation in seconds (``RINGREDUCE_TIMEOUT``). On the CPU path
-    the gloo sub-groups time out after it; the operation then raises
-    RingReduceError and the communicator refuses further work."""
+    """Deadline of one operation in seconds (``RINGREDUCE_TIMEOUT``). On CUDA the
+    watchdog aborts the NCCL communicators after it (it also bounds NCCL init and
+    connection setup); on the CPU path the gloo groups time out after it. The
+    operation then raises RingReduceError and the communicator refuses further work."""
 
     debug: bool = False
     """Check before every call that all ranks issue the same (operation number,

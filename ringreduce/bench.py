@@ -1,5 +1,7 @@
-"""All-reduce bandwidth of ringreduce against the process group's own all-reduce
-(NCCL on GPUs, gloo on CPU), in the same run, nccl-tests style.
+"""Bandwidth of ringreduce against the process group's own collective (NCCL on GPUs,
+gloo on CPU), in the same run, nccl-tests style: all-reduce by default, or
+``--collective reduce_scatter|all_gather`` (size = the whole tensor: the input of a
+reduce-scatter, the output of an all-gather, as in nccl-tests).
 
     python -m ringreduce.bench                           # no launcher: 4 CPU processes,
                                                          # 2 virtual machines x 2 devices
@@ -39,7 +41,10 @@ DTYPES = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloa
           "double": torch.float64, "int32": torch.int32, "int64": torch.int64}
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}  # nccl-tests: powers of 1024
 
-Reduce = Callable[[list[torch.Tensor]], None]
+Pair = tuple[torch.Tensor, torch.Tensor]
+"""(input, output) of one call; the same tensor twice for the in-place all-reduce."""
+Reduce = Callable[[list[Pair]], None]
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 def parse_size(text: str) -> int:
@@ -64,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("-c", "--check", type=int, default=1,
         help="checked (untimed, exact) iterations per round and implementation; 0: none")
     add("-d", "--datatype", choices=DTYPES, default="float")
-    add("-o", "--op", choices=OPS, default="sum")
+    add("-o", "--op", choices=OPS, default="sum", help="(ignored by all_gather)")
+    add("--collective", choices=COLLECTIVES, default="all_reduce")
     add("--machines", type=int, help="virtual machines (contiguous ranks); default: detect")
     add("--slice-bytes", type=parse_size)
     add("--staging-bytes", type=parse_size)
@@ -138,10 +144,30 @@ def expected(count: int, b: Bench) -> tuple[torch.Tensor, float]:
             4 * torch.finfo(b.dtype).eps if rounded else 0.0)
 
 
+def workload(count: int, b: Bench) -> tuple[torch.Tensor, torch.Tensor, int, float]:
+    """(this rank's input, the output it must get, output length, tolerance) for a
+    collective over ``count`` elements in all (a multiple of the world size for the
+    block collectives)."""
+    rank, n, kind = b.launch.rank, b.launch.world_size, b.args.collective
+    if kind == "all_reduce":
+        want, tol = expected(count, b)
+        return inputs(count, rank, b), want, count, tol
+    block = count // n
+    if kind == "reduce_scatter":
+        want, tol = expected(count, b)
+        return inputs(count, rank, b), want[rank * block:(rank + 1) * block], block, tol
+    gathered = torch.cat([inputs(block, r, b) for r in range(n)])
+    return inputs(block, rank, b), gathered, count, 0.0
+
+
 def ringreduce_fn(b: Bench) -> Reduce:
     """One synchronous call, or K async calls all issued before the first wait."""
-    def run(bufs: list[torch.Tensor]) -> None:
-        futures = [b.comm.all_reduce(t, op=b.op, async_op=len(bufs) > 1) for t in bufs]
+    call = {"all_reduce": lambda i, o, a: b.comm.all_reduce(o, op=b.op, async_op=a),
+            "reduce_scatter": lambda i, o, a: b.comm.reduce_scatter(o, i, op=b.op, async_op=a),
+            "all_gather": lambda i, o, a: b.comm.all_gather(o, i, async_op=a)}[b.args.collective]
+
+    def run(bufs: list[Pair]) -> None:
+        futures = [call(i, o, len(bufs) > 1) for i, o in bufs]
         for future in futures:
             if future is not None:
                 future.wait()
@@ -149,24 +175,30 @@ def ringreduce_fn(b: Bench) -> Reduce:
 
 
 def reference_fn(b: Bench) -> Reduce:
-    """dist.all_reduce on the same group. gloo has no AVG, so on gloo the reference
-    is SUM then a divide (trunc for ints, as NCCL does): a documented stand-in."""
+    """The same collective through torch.distributed on the same group. gloo has no
+    AVG, so on gloo the reference is SUM then a divide (trunc for ints, as NCCL
+    does): a documented stand-in."""
     emulate_avg = b.args.op == "avg" and b.backend != "nccl"
     op = dist.ReduceOp.SUM if emulate_avg else b.op
+    call = {"all_reduce": lambda i, o, a: dist.all_reduce(o, op=op, async_op=a),
+            "reduce_scatter": lambda i, o, a: dist.reduce_scatter_tensor(o, i, op=op,
+                                                                         async_op=a),
+            "all_gather": lambda i, o, a: dist.all_gather_into_tensor(o, i, async_op=a),
+            }[b.args.collective]
 
-    def run(bufs: list[torch.Tensor]) -> None:
-        works = [dist.all_reduce(t, op=op, async_op=len(bufs) > 1) for t in bufs]
+    def run(bufs: list[Pair]) -> None:
+        works = [call(i, o, len(bufs) > 1) for i, o in bufs]
         for work in works:
             if work is not None:
                 work.wait()
-        if emulate_avg:
+        if emulate_avg and b.args.collective != "all_gather":
             n = b.launch.world_size
-            for t in bufs:
+            for _, t in bufs:
                 t.div_(n, rounding_mode=None if t.is_floating_point() else "trunc")
     return run
 
 
-def time_loop(reduce: Reduce, bufs: list[torch.Tensor], iters: int,
+def time_loop(reduce: Reduce, bufs: list[Pair], iters: int,
               cuda: bool) -> tuple[float, float]:
     """Seconds per iteration of ``iters`` back-to-back calls: (device time, host time
     to issue). CUDA events time the device work; the host clock times how long the
@@ -189,16 +221,17 @@ def time_loop(reduce: Reduce, bufs: list[torch.Tensor], iters: int,
     return begin.elapsed_time(end) / 1e3 / iters, host
 
 
-def check_loop(reduce: Reduce, bufs: list[torch.Tensor], pattern: torch.Tensor,
+def check_loop(reduce: Reduce, bufs: list[Pair], pattern: torch.Tensor,
                want: torch.Tensor, iters: int, tol: float) -> int:
-    """Wrong elements over ``iters`` calls, re-initialising the inputs each time
-    (the all-reduce is in place)."""
+    """Wrong elements over ``iters`` calls, re-initialising the inputs (and clearing
+    the outputs) each time: the all-reduce is in place."""
     wrong = 0
     for _ in range(iters):
-        for t in bufs:
-            t.copy_(pattern)
+        for i, o in bufs:
+            o.fill_(99)
+            i.copy_(pattern)
         reduce(bufs)
-        for t in bufs:
+        for _, t in bufs:
             ok = t == want if tol == 0 else torch.isclose(t.double(), want.double(),
                                                           rtol=tol, atol=tol)
             wrong += int((~ok).sum())
@@ -207,10 +240,16 @@ def check_loop(reduce: Reduce, bufs: list[torch.Tensor], pattern: torch.Tensor,
 
 def measure(b: Bench, size: int) -> dict[str, Any]:
     """One row: both implementations, interleaved over rounds."""
-    a, cuda = b.args, b.device.type == "cuda"
+    a, cuda, n = b.args, b.device.type == "cuda", b.launch.world_size
     count = size // b.dtype.itemsize
-    pattern, (want, tol) = inputs(count, b.launch.rank, b), expected(count, b)
-    bufs = [pattern.clone() for _ in range(a.buckets)]
+    if a.collective != "all_reduce":
+        count -= count % n  # whole blocks
+    pattern, want, out_count, tol = workload(count, b)
+    bufs = []
+    for _ in range(a.buckets):
+        data = pattern.clone()
+        bufs.append((data, data if a.collective == "all_reduce"
+                     else torch.empty(out_count, dtype=b.dtype, device=b.device)))
     impls = (ringreduce_fn(b), reference_fn(b))
     for reduce in impls:
         for _ in range(a.warmup_iters):
@@ -221,7 +260,7 @@ def measure(b: Bench, size: int) -> dict[str, Any]:
     for r in range(a.rounds):
         for i, reduce in enumerate(impls):
             wrong[i] += check_loop(reduce, bufs, pattern, want, a.check, tol)
-            for t in bufs:
+            for t, _ in bufs:
                 t.copy_(pattern)  # keep SUM from overflowing to inf/NaN while timed
             times[i, r], host[i, r] = time_loop(reduce, bufs, a.iters, cuda)
     times, host, wrong = times.to(b.device), host.to(b.device), wrong.to(b.device)
@@ -230,7 +269,7 @@ def measure(b: Bench, size: int) -> dict[str, Any]:
     dist.all_reduce(wrong, op=dist.ReduceOp.SUM)
     row = make_row(b, count, times.cpu().median(dim=1).values.tolist(), wrong.tolist())
     for name, value in zip(("rr", "ref"), host.cpu().median(dim=1).values.tolist(), strict=True):
-        row[f"{name}_host_us"] = value * 1e6 / a.buckets  # per all_reduce call
+        row[f"{name}_host_us"] = value * 1e6 / a.buckets  # per call
     return row
 
 
@@ -238,24 +277,30 @@ def make_row(b: Bench, count: int, seconds: list[float], wrong: list[int]) -> di
     """nccl-tests figures; with --buckets K, one iteration moves K * size bytes."""
     a, n, size = b.args, b.launch.world_size, count * b.dtype.itemsize
     row: dict[str, Any] = {"size": size, "count": count, "type": a.datatype,
-                           "redop": a.op, "buckets": a.buckets}
-    t_min = link_bound(size * a.buckets, b.comm.topology.machines, a.link_gbit)
+                           "redop": "-" if a.collective == "all_gather" else a.op,
+                           "buckets": a.buckets, "collective": a.collective}
+    # nccl-tests' bus factors; a block collective is half an all-reduce on every link.
+    passes = 2 if a.collective == "all_reduce" else 1
+    t_min = link_bound(size * a.buckets, b.comm.topology.machines, a.link_gbit, passes)
     for name, sec, bad in zip(("rr", "ref"), seconds, wrong, strict=True):
         algbw = size * a.buckets / sec / 1e9
         row |= {f"{name}_time_us": sec * 1e6, f"{name}_algbw": algbw,
-                f"{name}_busbw": algbw * 2 * (n - 1) / n, f"{name}_wrong": bad}
+                f"{name}_busbw": algbw * passes * (n - 1) / n, f"{name}_wrong": bad}
         if a.link_gbit:
             row[f"{name}_link_eff"] = t_min / sec if t_min else None
     row["ratio"] = seconds[1] / seconds[0]
     return row
 
 
-def link_bound(total_bytes: int, machines: int, link_gbit: float | None) -> float | None:
-    """T_min = 2S(M-1)/(M*B): each machine must send (and receive) 2S(M-1)/M bytes
-    over its own link of B bytes/s. None without --link-gbit or with one machine."""
+def link_bound(total_bytes: int, machines: int, link_gbit: float | None,
+               passes: int = 2) -> float | None:
+    """T_min = 2S(M-1)/(M*B) for an all-reduce: each machine must send (and receive)
+    2S(M-1)/M bytes over its own link of B bytes/s; S(M-1)/M for a reduce-scatter or
+    all-gather of S bytes in all (``passes`` = 1). None without --link-gbit or with
+    one machine."""
     if not link_gbit or machines < 2:
         return None
-    return 2 * total_bytes * (machines - 1) / (machines * link_gbit * 1e9 / 8)
+    return passes * total_bytes * (machines - 1) / (machines * link_gbit * 1e9 / 8)
 
 
 def run_sweep(b: Bench) -> list[dict[str, Any]]:

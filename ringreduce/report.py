@@ -29,8 +29,9 @@ def header(b: Bench) -> str:
     return "\n".join([
         f"# ringreduce.bench  world {b.launch.world_size} = {topo.machines} machines x "
         + f"{topo.devices_per_machine} devices  launcher {b.launch.launcher}",
-        f"# {a.datatype} {a.op}  buckets {a.buckets}  iters {a.iters}  warmup {a.warmup_iters}"
-        + f"  rounds {a.rounds}  check {a.check}  link {a.link_gbit} Gbit/s",
+        f"# {a.collective}  {a.datatype} {a.op}  buckets {a.buckets}  iters {a.iters}"
+        + f"  warmup {a.warmup_iters}  rounds {a.rounds}  check {a.check}"
+        + f"  link {a.link_gbit} Gbit/s",
         f"# ringreduce: {b.comm.describe()}",
         f"# NCCL env: {nccl}",
         f"#{'':>40} {'ringreduce':<{len(sub)}} {ref}",
@@ -63,7 +64,8 @@ def write_outputs(b: Bench, rows: list[dict[str, Any]]) -> None:
         with open(a.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if a.plot:
-        plot(rows, a.plot, f"{meta['machines']}x{meta['devices_per_machine']} {a.datatype}"
+        plot(rows, a.plot, f"{meta['machines']}x{meta['devices_per_machine']} {a.collective} "
+             f"{a.datatype}"
              f" {a.op}, buckets {a.buckets}", b.backend)
 
 
@@ -77,7 +79,7 @@ def plot(rows: list[dict[str, Any]], path: str, title: str, reference: str) -> N
     sizes = [r["size"] for r in rows]
     ax.plot(sizes, [r["rr_busbw"] for r in rows], marker="o", label="ringreduce")
     ax.plot(sizes, [r["ref_busbw"] for r in rows], marker="s", label=reference)
-    ax.set(xscale="log", xlabel="bytes per all-reduce", ylabel="busbw (GB/s)", title=title)
+    ax.set(xscale="log", xlabel="bytes per call", ylabel="busbw (GB/s)", title=title)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.savefig(path, dpi=120, bbox_inches="tight")

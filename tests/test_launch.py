@@ -8,6 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from ringreduce.launch import detect
 
 
@@ -50,3 +52,16 @@ def test_readme_benchmark_command_runs_and_checks() -> None:
     for row in report["rows"]:
         assert row["rr_wrong"] == 0 and row["ref_wrong"] == 0, row
         assert row["rr_time_us"] > 0 and row["ref_time_us"] > 0
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+def test_benchmark_block_collectives_check_exactly(collective: str) -> None:
+    """--collective: both sides of the comparison checked element by element; 4M takes
+    the hierarchical route at 2 x 2 (above the CPU default min_bytes), 64K the flat one."""
+    from ringreduce import bench
+
+    rows = bench.main(["--collective", collective, "-b", "64K", "-e", "4M", "-f", "64",
+                       "-n", "1", "-w", "0", "-r", "1", "-c", "1", "-o", "max"])
+    assert [r["size"] for r in rows] == [64 << 10, 4 << 20]
+    for row in rows:
+        assert row["collective"] == collective and row["rr_wrong"] == row["ref_wrong"] == 0, row

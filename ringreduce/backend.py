@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from .engine import DTYPES, OPS, Communicator
+from .checks import DTYPES, OPS
+from .engine import Communicator
 
 NAME = "ringreduce"
 log = logging.getLogger("ringreduce")

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import collectives, layout, schedule
+from . import checks, collectives, layout, schedule
 from .config import Config
 from .errors import RingReduceError
 from .flight import Record
@@ -30,10 +30,7 @@ from .topology import Topology
 
 log = logging.getLogger("ringreduce")
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64)
 _WIRE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg",
-       dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
 
 
 class Communicator:
@@ -109,8 +106,9 @@ class Communicator:
         synchronous call makes the caller's current stream wait (the host does not),
         and an async call's Future is CUDA-aware: ``wait()`` syncs streams only.
         """
-        op_name = self._check_op(op)
-        self._check_tensor(t, "all_reduce", "t")
+        self._usable()
+        op_name = checks.op_name(op)
+        checks.tensor(t, "all_reduce", "t", self._res.device)
         return self._call("all_reduce", t, op_name, async_op, t,
                           lambda rec: self._issue_cuda(t, op_name, async_op, rec),
                           lambda rec: self._execute(t, op_name, rec))
@@ -123,8 +121,10 @@ class Communicator:
         size of ``output``). Hierarchical at M > 1 and D > 1 from ``min_bytes`` of
         input (collectives.py says why), NCCL's (gloo's) own otherwise. Futures
         complete with ``output``, as all_reduce's do."""
-        op_name = self._check_op(op)
-        self._check_pair(output, input, "reduce_scatter", input_blocks=True)
+        self._usable()
+        op_name = checks.op_name(op)
+        checks.pair(output, input, "reduce_scatter", self._res.topo.world_size,
+                    self._res.device, input_blocks=True)
         hier = self._hierarchical_blocks(input)
         run = collectives.reduce_scatter if hier else collectives.flat_reduce_scatter
         return self._call("reduce_scatter", input, op_name, async_op, output,
@@ -139,7 +139,9 @@ class Communicator:
         """Like ``dist.all_gather_into_tensor(output, input)``: block r of ``output``
         becomes rank r's ``input``. Routes as reduce_scatter does (on ``output``'s
         size); Futures complete with ``output``."""
-        self._check_pair(output, input, "all_gather", input_blocks=False)
+        self._usable()
+        checks.pair(output, input, "all_gather", self._res.topo.world_size, self._res.device,
+                    input_blocks=False)
         hier = self._hierarchical_blocks(output)
         run = collectives.all_gather if hier else collectives.flat_all_gather
         return self._call("all_gather", output, "-", async_op, output,
@@ -199,51 +201,11 @@ class Communicator:
         fut.set_result(result)  # records an event on the current stream
         return fut, ends
 
-    def _check_op(self, op: Any) -> str:
-        """Caller mistakes raise here and in the checks below, before any communication."""
+    def _usable(self) -> None:
+        """Closed or poisoned communicators refuse work before anything is checked."""
         if self._closed:
             raise RingReduceError("this ringreduce.Communicator is closed; create a new one")
         self._res.guard.check_usable()
-        name = OPS.get(op)
-        if name is None:
-            raise TypeError(f"op {op} is not supported; use dist.ReduceOp.SUM, AVG, MAX or MIN")
-        return name
-
-    def _check_tensor(self, t: Any, call: str, name: str) -> None:
-        if self._closed:
-            raise RingReduceError("this ringreduce.Communicator is closed; create a new one")
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{call} expects a torch.Tensor, got {type(t).__name__} for {name}")
-        if t.is_sparse or t.layout != torch.strided:
-            raise ValueError(f"{call} needs a dense tensor, got layout {t.layout}; "
-                             "call .to_dense() first")
-        if not t.is_contiguous():
-            raise ValueError(f"{call} needs a contiguous tensor, got shape {tuple(t.shape)} "
-                             f"with strides {t.stride()}; call .contiguous() and copy back")
-        if t.device != self._res.device:
-            raise ValueError(f"tensor is on {t.device}, this communicator works on "
-                             f"{self._res.device}; move it with .to('{self._res.device}')")
-        if t.dtype not in DTYPES:
-            raise TypeError(f"dtype {t.dtype} is not supported; use one of "
-                            f"{', '.join(str(d) for d in DTYPES)}")
-
-    def _check_pair(self, output: Any, input: Any, call: str, input_blocks: bool) -> None:
-        """``input_blocks``: input holds world_size blocks the size of output (else the
-        other way round), same dtype, both on this communicator's device."""
-        if call == "all_gather":
-            self._check_op(dist.ReduceOp.SUM)  # closed or poisoned: raise the same way
-        self._check_tensor(output, call, "output")
-        self._check_tensor(input, call, "input")
-        world = self._res.topo.world_size
-        whole, block = (input, output) if input_blocks else (output, input)
-        if whole.numel() != world * block.numel():
-            raise ValueError(
-                f"{call}: {'input' if input_blocks else 'output'} has {whole.numel()} elements, "
-                f"it must have world_size x {block.numel()} = {world * block.numel()} "
-                f"({world} blocks the size of {'output' if input_blocks else 'input'})")
-        if output.dtype != input.dtype:
-            raise TypeError(f"{call}: output is {output.dtype} but input is {input.dtype}; "
-                            "use one dtype for both")
 
     def _hierarchical_blocks(self, whole: torch.Tensor) -> bool:
         topo = self._res.topo

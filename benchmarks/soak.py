@@ -7,8 +7,8 @@
 Every rank draws the same sequence from one seed: sizes log-uniform from 1 element to
 ``--max-bytes``, every dtype and op, all_reduce (most calls), reduce_scatter and
 all_gather, sync and async with up to 8 calls outstanding. Inputs are small integers,
-so each result is compared bit for bit with a sum computed on the device from every
-rank's input (no communication). After a warm-up, ``torch.cuda.memory_allocated``
+so each result is compared bit for bit with tests/cases.py's reference, computed on the
+device from every rank's input (no communication). After a warm-up, ``torch.cuda.memory_allocated``
 must come back to the same figure and the staging buffer must never grow or move.
 Prints one summary line per rank; ``--json`` writes rank 0's.
 """
@@ -33,26 +33,10 @@ sys.path.insert(0, str(REPO))
 
 import ringreduce  # noqa: E402  (after the path: runs from any directory)
 from ringreduce import launch  # noqa: E402
-from tests.cases import DTYPES, OPS, rank_input  # noqa: E402
+from tests.cases import DTYPES, OPS, expected, rank_input  # noqa: E402
 
 WARMUP = 200
 """Calls before the memory baseline: the caching allocator and NCCL settle by then."""
-
-
-def expected(world: int, n: int, dtype: torch.dtype, op: object, device: torch.device,
-             salt: int) -> torch.Tensor:
-    wide = torch.float64 if dtype.is_floating_point else torch.int64
-    stack = torch.stack([rank_input(r, n, wide, device, salt) for r in range(world)])
-    if op == dist.ReduceOp.MAX:
-        out = stack.amax(0)
-    elif op == dist.ReduceOp.MIN:
-        out = stack.amin(0)
-    elif op == dist.ReduceOp.AVG:
-        s = stack.sum(0)
-        out = s / world if dtype.is_floating_point else torch.div(s, world, rounding_mode="trunc")
-    else:
-        out = stack.sum(0)
-    return out.to(dtype)
 
 
 class Call:

@@ -27,18 +27,22 @@ def rank_input(rank: int, n: int, dtype: torch.dtype, device: torch.device,
 
 def expected(world: int, n: int, dtype: torch.dtype, op: object, device: torch.device,
              salt: int = 0) -> torch.Tensor:
+    """Built on ``device`` (fast for the GPU soak's large tensors); the float AVG
+    divides by a 0-dim tensor, which is IEEE division on CUDA too (a Python number
+    would be a multiply by its rounded reciprocal there)."""
     wide = torch.int64 if not dtype.is_floating_point else torch.float64
-    stack = torch.stack([rank_input(r, n, wide, torch.device("cpu"), salt) for r in range(world)])
+    stack = torch.stack([rank_input(r, n, wide, device, salt) for r in range(world)])
     if op == dist.ReduceOp.MAX:
         out = stack.amax(0) if n else stack.sum(0)
     elif op == dist.ReduceOp.MIN:
         out = stack.amin(0) if n else stack.sum(0)
     elif op == dist.ReduceOp.AVG:
         s = stack.sum(0)
-        out = s / world if dtype.is_floating_point else torch.div(s, world, rounding_mode="trunc")
+        out = (s / torch.full((), world, dtype=wide, device=device) if dtype.is_floating_point
+               else torch.div(s, world, rounding_mode="trunc"))
     else:
         out = stack.sum(0)
-    return out.to(dtype).to(device)
+    return out.to(dtype)
 
 
 def check_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:

@@ -44,15 +44,17 @@ def add_wire(own: torch.Tensor, rows: torch.Tensor, op: str, world_size: int) ->
     own.copy_(own.to(rows.dtype))
 
 
-def finish_average(t: torch.Tensor, world_size: int) -> None:
+def finish_average(t: torch.Tensor, world_size: int, divisor: torch.Tensor | None = None) -> None:
     """Turn an all-reduced sum into the average in place, by IEEE division.
 
     Not ``t.div_(world_size)``: for a Python-number divisor torch's CUDA kernel
     multiplies by the rounded reciprocal, which is not correctly rounded (it differed
     from native/add.cu's true division in the last bit, GPU kernel tests 2026-11-23).
     A 0-dim tensor on the same device takes the true-division path, with no copy
-    from the host (a fill kernel)."""
+    from the host: ``divisor`` (the communicator's, made once), else a fill kernel."""
     if t.is_floating_point():
-        t.div_(torch.full((), world_size, dtype=t.dtype, device=t.device))
+        if divisor is None:
+            divisor = torch.full((), world_size, dtype=t.dtype, device=t.device)
+        t.div_(divisor)
     else:
         torch.div(t, world_size, rounding_mode="trunc", out=t)

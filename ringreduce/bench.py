@@ -321,29 +321,49 @@ def run_sweep(b: Bench) -> list[dict[str, Any]]:
 
 
 def host_profile(b: Bench, size: int) -> None:
-    """Target T6: host time of one ringreduce call when nothing else is queued (so no
-    NCCL back-pressure is counted), median of 20; then where one call's time goes."""
-    t = inputs(size // b.dtype.itemsize, b.launch.rank, b)
-    sync = torch.cuda.synchronize if b.device.type == "cuda" else (lambda: None)
-    samples = []
-    for i in range(23):
-        sync()
-        dist.barrier()
-        start = time.perf_counter()
-        b.comm.all_reduce(t, op=b.op)
-        if i >= 3:  # the first calls allocate and connect
-            samples.append(time.perf_counter() - start)
-    sync()
+    """Target T6: host time of one call when nothing else is queued (so no NCCL
+    back-pressure is counted), median of 20 after 3 warm-up calls, three ways: the
+    same tensor again and again (ringreduce replays it as a CUDA graph, graphs.py),
+    a new tensor every call (the slow path: every call is issued from Python), and
+    NCCL's own all-reduce. Then where one slow-path call's time goes (cProfile)."""
+    n = size // b.dtype.itemsize
+    same = inputs(n, b.launch.rank, b)
+    fresh = [inputs(n, b.launch.rank, b) for _ in range(23)]  # 23 addresses: seen once
+    ways = {"same tensor": lambda i: b.comm.all_reduce(same, op=b.op),
+            "new tensor": lambda i: b.comm.all_reduce(fresh[i], op=b.op),
+            "nccl": lambda i: dist.all_reduce(same, op=b.op)}
+    medians = {name: _host_samples(b, call) for name, call in ways.items()}
+    last = inputs(n, b.launch.rank, b)
     profile = cProfile.Profile()
     dist.barrier()
     profile.enable()
-    b.comm.all_reduce(t, op=b.op)
+    b.comm.all_reduce(last, op=b.op)
     profile.disable()
-    sync()
+    _sync(b)
     if b.launch.rank == 0:
-        print(f"# host time per call, {size} bytes, idle pipeline: median "
-              f"{statistics.median(samples) * 1e6:.1f} us (min {min(samples) * 1e6:.1f})")
+        for name, (median, low) in medians.items():
+            print(f"# host time per call, {size} bytes, idle pipeline, {name}: median "
+                  f"{median * 1e6:.1f} us (min {low * 1e6:.1f})")
         pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(14)
+
+
+def _sync(b: Bench) -> None:
+    if b.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _host_samples(b: Bench, call: Callable[[int], object]) -> tuple[float, float]:
+    """(median, min) seconds of host time of calls 3..22, each on an idle pipeline."""
+    samples = []
+    for i in range(23):
+        _sync(b)
+        dist.barrier()
+        start = time.perf_counter()
+        call(i)
+        if i >= 3:  # the first calls allocate, connect and (same tensor) capture
+            samples.append(time.perf_counter() - start)
+    _sync(b)
+    return statistics.median(samples), min(samples)
 
 
 def bench_rank(args: argparse.Namespace, launch: Launch,

@@ -39,7 +39,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op: str, ctx: Any,
     with stage_errors(ctx, "collect", input):
         ctx.transport.reduce_scatter_into("collect", machine_part, output.view(-1), op, stream)
     if op == "avg":
-        finish_average(output, topo.world_size)
+        finish_average(output, topo.world_size, ctx.divisors.get(output.dtype))
 
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, ctx: Any,
@@ -61,7 +61,7 @@ def flat_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op: str, ctx:
     with stage_errors(ctx, "flat", input):
         ctx.transport.reduce_scatter_into("world", input.view(-1), output.view(-1), op, stream)
     if op == "avg":
-        finish_average(output, ctx.topo.world_size)
+        finish_average(output, ctx.topo.world_size, ctx.divisors.get(output.dtype))
 
 
 def flat_all_gather(output: torch.Tensor, input: torch.Tensor, ctx: Any,

@@ -47,6 +47,7 @@ _ENV = {
     "flight_records": "RINGREDUCE_FLIGHT_RECORDS",
     "flight_file": "RINGREDUCE_FLIGHT_FILE",
     "wire_dtype": "RINGREDUCE_WIRE_DTYPE",
+    "graphs": "RINGREDUCE_GRAPHS",
 }
 
 #: 16-bit formats float32 tensors may take on the network hop (collect, diffuse).
@@ -110,6 +111,12 @@ class Config:
     element is rounded to the wire format once, on every machine alike, so all
     ranks end with identical values. Other dtypes and the flat route are unaffected."""
 
+    graphs: int = 256
+    """CUDA only: how many repeated hierarchical all-reduces are kept as CUDA graphs
+    and replayed (``RINGREDUCE_GRAPHS``; 0 turns replay off). A call is captured the
+    second time the same tensor (address, size, dtype, op) comes back, as DDP's
+    buckets do every step; graphs.py says why that is safe and what it saves."""
+
     def __post_init__(self) -> None:
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"wire_dtype={self.wire_dtype!r} is not supported; use one of "
@@ -122,7 +129,7 @@ class Config:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be a positive int or None")
-        for name in ("staging_bytes", "min_bytes"):
+        for name in ("staging_bytes", "min_bytes", "graphs"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be a non-negative int")

@@ -37,13 +37,15 @@ class Communicator:
     """Hierarchical all-reduce over ``group`` (default: the whole world).
 
     Collective: every rank of the group constructs it, in the same order as other
-    communicators. See Config for ``machines``, ``slice_bytes``, ``staging_bytes``
-    and ``min_bytes``; explicit arguments win over ``RINGREDUCE_*`` variables.
+    communicators. See Config for ``machines``, ``slice_bytes``, ``staging_bytes``,
+    ``min_bytes``, ``wire_dtype`` and ``graphs``; explicit arguments win over
+    ``RINGREDUCE_*`` variables.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, machines: int | None = None,
                  slice_bytes: int | None = None, staging_bytes: int | None = None,
-                 min_bytes: int | None = None, wire_dtype: torch.dtype | None = None) -> None:
+                 min_bytes: int | None = None, wire_dtype: torch.dtype | None = None,
+                 graphs: int | None = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("ringreduce.Communicator needs torch.distributed: call "
                                "dist.init_process_group(...) first")
@@ -53,7 +55,7 @@ class Communicator:
                             "torch.float16 or None")
         self.config = Config.from_env(machines=machines, slice_bytes=slice_bytes,
                                       staging_bytes=staging_bytes, min_bytes=min_bytes,
-                                      wire_dtype=wire)
+                                      wire_dtype=wire, graphs=graphs)
         group = group or dist.group.WORLD
         world = dist.get_world_size(group)
         self._setup(group_store(group, world), dist.get_rank(group), world, _device_of(group))
@@ -96,7 +98,8 @@ class Communicator:
                 f"slice_bytes={r.slice_bytes}, staging_bytes={self.config.staging_bytes} "
                 f"({r.staging_slots} slots), min_bytes={self.config.min_bytes}, "
                 f"rail_channels={self.config.rail_channels or 'nccl default'}, "
-                f"wire={self.config.wire_dtype or 'tensor dtype'}")
+                f"wire={self.config.wire_dtype or 'tensor dtype'}, "
+                f"graphs={self.config.graphs if r.is_cuda else 'n/a (cpu)'}")
 
     def all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                    async_op: bool = False) -> torch.futures.Future[torch.Tensor] | None:
@@ -245,6 +248,12 @@ class Communicator:
 
     def _issue_cuda(self, t: torch.Tensor, op: str, async_op: bool,
                     record: Record) -> tuple[Any, list[tuple[str, str]]]:
+        if torch.cuda.is_current_stream_capturing():
+            self._res.user_captures += 1  # closing must then wait for the graph (resources.py)
+        else:
+            graph = self._graph_for(t, op, record)
+            if graph is not None:
+                return self._replay(graph, t, async_op, record)
         last = self._execute(t, op, record, inline=not async_op)
         sync = self._res.sync
         ends = _stage_ends(last, self._res.topo.devices_per_machine)
@@ -259,6 +268,32 @@ class Communicator:
         sync.adopt(t, (*schedule.STAGES, FLAT))
         with sync.on(last):  # the Future records an event on the last stage's stream
             fut.set_result(t)
+        return fut, ends
+
+    def _graph_for(self, t: torch.Tensor, op: str, record: Record) -> Any:
+        """The captured graph of this call (graphs.py), capturing it the second time
+        the same tensor comes back; None: issue it the slow way."""
+        graphs = self._res.graphs
+        if graphs is None or t.numel() == 0 or self._route_flat(t):
+            return None
+        key = (t.data_ptr(), t.numel(), t.dtype, op)
+        graph = graphs.get(key)
+        if graph is None and graphs.seen_before(key):
+            def issue() -> None:
+                if self._execute(t, op, record):
+                    self._res.sync.leave()  # joins every stage stream into the capture
+            graph = graphs.capture(key, issue)
+        return graph
+
+    def _replay(self, graph: Any, t: torch.Tensor, async_op: bool,
+                record: Record) -> tuple[Any, list[tuple[str, str]]]:
+        record.route = "hierarchical (graph)"
+        self._res.sync.replay(graph)
+        ends = [("replay", CALLER)]
+        if not async_op:
+            return None, ends
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
+        fut.set_result(t)  # records an event on the caller's stream, after the replay
         return fut, ends
 
     def _ctx(self, record: Record) -> _Context:
@@ -312,7 +347,7 @@ class _Context:
     def __init__(self, res: Resources, record: Record) -> None:
         self.topo, self.transport, self.sync, self.buffers, self.kernels = \
             res.topo, res.transport, res.sync, res.buffers, res.kernels
-        self.rank_order = res.rank_order
+        self.rank_order, self.divisors = res.rank_order, res.divisors
         self.op_number = record.op_number
         self.record = record
         self.wire: torch.dtype | None = None

@@ -35,10 +35,14 @@ _TYPES: dict[torch.dtype, tuple[str, str, Any]] = {
 }
 _OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 
-#: 256 threads x 16 bytes a thread: a grid-stride loop over at most 4 waves of blocks
-#: per SM keeps the memory system busy without launching a block per 4 KiB.
+#: 256 threads x 16 bytes a thread, in a grid-stride loop over a bounded grid: no block
+#: per 4 KiB. Blocks per SM by element size, measured on H200 (2026-11-23,
+#: benchmarks/results/2026-11-23-h200-graphs): 16-bit types widen 8 elements per load
+#: and need a full SM (2048 threads) to hide it, 0.82 -> 0.98-1.03 of a device copy;
+#: 32-bit types run best at half occupancy (0.99-1.03 against 0.93-0.98 at full).
 THREADS = 256
-BLOCKS_PER_SM = 4
+BLOCKS_PER_SM = {2: 8}
+DEFAULT_BLOCKS_PER_SM = 4
 
 
 def available() -> bool:
@@ -98,7 +102,8 @@ class Kernels:
         width = 16 // own.element_size()
         aligned = (own.data_ptr() % 16 == 0 and rows.data_ptr() % 16 == 0 and k % width == 0)
         vec = width if aligned else 1
-        blocks = max(1, min(-(-k // (THREADS * vec)), BLOCKS_PER_SM * self._sms))
+        per_sm = BLOCKS_PER_SM.get(own.element_size(), DEFAULT_BLOCKS_PER_SM)
+        blocks = max(1, min(-(-k // (THREADS * vec)), per_sm * self._sms))
         acc_type = _TYPES[own.dtype][2]
         with self._cupy.cuda.Device(self._device):
             self._function(own.dtype, op, vec)(

@@ -257,14 +257,16 @@ def group_ready(comms: Sequence[Comm], deadline: float, what: str) -> Iterator[N
         wait_ready(comm, deadline, what)
 
 
-def finalize_and_destroy(comm: Comm, deadline: float) -> None:
+def finalize_and_destroy(comm: Comm, deadline: float, abort: bool = True) -> None:
     """Happy-path close of a non-blocking communicator: ncclCommFinalize, poll to
-    ncclSuccess, ncclCommDestroy (then non-blocking). Aborts instead, and raises, when
-    finalizing fails or outlives ``deadline`` (a peer that never closes)."""
+    ncclSuccess, ncclCommDestroy (then non-blocking). Raises when finalizing fails or
+    outlives ``deadline`` (a peer that never closes), after aborting unless ``abort``
+    is False (ncclCommAbort waits for live CUDA graphs just as finalizing does)."""
     comm.finalize()
     try:
         wait_ready(comm, deadline, "ncclCommFinalize")
     except RingReduceError:
-        comm.abort()
+        if abort:
+            comm.abort()
         raise
     comm.destroy()

@@ -51,6 +51,7 @@ class CudaStreams:
         self.streams = {s: torch.cuda.Stream(device, priority=-1)
                         for s in (*schedule.STAGES, FLAT)}
         self.events = {name: torch.cuda.Event() for name in event_names}
+        self._after_replay = False
 
     def handle(self, stage: str) -> int:
         return self.streams[stage].cuda_stream
@@ -67,7 +68,23 @@ class CudaStreams:
         return torch.cuda.stream(self.streams[stage])
 
     def enter(self) -> None:
-        self.events[ENTRY].record(torch.cuda.current_stream())
+        caller = torch.cuda.current_stream()
+        # graphs.py: a replay ran outside our streams, so the next call joins its end
+        # (not while capturing: a captured call runs at replay, which waits for it).
+        if self._after_replay and not torch.cuda.is_current_stream_capturing():
+            caller.wait_event(self.events[DONE])
+            self._after_replay = False
+        self.events[ENTRY].record(caller)
+
+    def replay(self, graph: torch.cuda.CUDAGraph) -> None:
+        """Launch a captured call on the caller's stream, after the previous call
+        (``done``: the end of the last hierarchical call or replay), and make its end
+        the new ``done``."""
+        caller = torch.cuda.current_stream()
+        caller.wait_event(self.events[DONE])
+        graph.replay()
+        self.events[DONE].record(caller)
+        self._after_replay = True
 
     def leave(self) -> None:
         torch.cuda.current_stream().wait_event(self.events[DONE])
@@ -227,11 +244,11 @@ def _run_stage(stage: str, parts: Sequence[Part], op: str, ctx: Any) -> None:
 
 def run_flat(t: torch.Tensor, op: str, ctx: Any) -> None:
     """Unpipelined meaning: all_reduce(t, op) over every rank of the group, on the
-    flat stream between the entry and done events (asynchronous calls)."""
+    flat stream after the entry event (asynchronous calls; their Future records its
+    own event there). It leaves ``done`` alone: that marks hierarchical calls only."""
     ctx.sync.wait(FLAT, [ENTRY])
     with ctx.sync.on(FLAT):
         flat_here(t, op, ctx, ctx.sync.handle(FLAT))
-    ctx.sync.record(FLAT, [DONE])
 
 
 def flat_here(t: torch.Tensor, op: str, ctx: Any, stream: int | None) -> None:
@@ -241,7 +258,7 @@ def flat_here(t: torch.Tensor, op: str, ctx: Any, stream: int | None) -> None:
     with stage_errors(ctx, FLAT, t):
         ctx.transport.flat_all_reduce(t, op, stream)
         if op == "avg":
-            finish_average(t, ctx.topo.world_size)
+            finish_average(t, ctx.topo.world_size, ctx.divisors.get(t.dtype))
 
 
 def stage_errors(ctx: Any, stage: str, t: torch.Tensor,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import logging
 import threading
 import time
@@ -22,6 +23,7 @@ from . import kernels, layout, nccl, schedule, topology
 from .config import Config, host_identity
 from .errors import RingReduceError
 from .flight import FlightRecorder, Record
+from .graphs import GraphCache
 from .guard import Guard
 from .pipeline import Buffers, CudaStreams, HostOrder
 from .topology import Topology
@@ -34,6 +36,10 @@ _ABORT_LOCK_WAIT_S = 2.0
 a healthy issue (a few hundred microseconds) is long done by then."""
 _ABORT_WAIT_S = 20.0
 """How long the aborts may take before the failure is reported without them."""
+_GRAPH_GRACE_S = 10.0
+"""How long closing waits for NCCL to let go of communicators that CUDA graphs
+captured, once every graph ringreduce knows of is gone and the device is idle."""
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -60,6 +66,12 @@ class Resources:
     """Held while a call makes NCCL calls: NCCL forbids aborting a communicator while
     another thread is inside an NCCL call on it."""
     aborted: bool = False
+    graphs: GraphCache | None = None
+    """Calls kept as CUDA graphs (graphs.py); None on the CPU or with graphs=0."""
+    user_captures: int = 0
+    """Calls issued while the caller was capturing a CUDA graph of its own."""
+    divisors: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+    """World size as a 0-dim tensor per float dtype, made once: AVG divides by it."""
 
     def fail(self, exc: RingReduceError, record: Record | None) -> None:
         """A failed operation: poison the Guard (dumps the flight recorder), abort every
@@ -89,6 +101,8 @@ class Resources:
     def release(self) -> None:
         """Teardown (close): after a failure nothing is left to destroy (aborted);
         otherwise let issued work finish, then destroy."""
+        if self.graphs is not None:
+            self.graphs.clear()
         if self.watchdog is not None:
             if self.guard.failure is None:
                 with contextlib.suppress(RingReduceError):  # on_failure aborted everything
@@ -98,9 +112,35 @@ class Resources:
             self.release_steps.clear()
             return
         self.sync.synchronize()
+        if self.captured():
+            gc.collect()  # graphs the caller dropped may still sit in reference cycles
+            torch.cuda.synchronize(self.device)  # and their replays must have ended
         for step in self.release_steps:
             step()
         self.release_steps.clear()
+
+
+    def captured(self) -> int:
+        """How many calls were captured into CUDA graphs, ours or the caller's."""
+        return self.user_captures + (self.graphs.captures if self.graphs is not None else 0)
+
+    def finalize(self, comm: Any, timeout_s: float) -> None:
+        """Close one NCCL communicator. NCCL frees a communicator only after every CUDA
+        graph that captured it is destroyed, and waits for that forever (abort too):
+        with captures, wait a grace period, then say what holds it instead of hanging."""
+        if not self.captured():
+            nccl.finalize_and_destroy(comm, time.monotonic() + timeout_s)
+            return
+        try:
+            nccl.finalize_and_destroy(comm, time.monotonic() + _GRAPH_GRACE_S, abort=False)
+        except RingReduceError as exc:
+            raise RingReduceError(
+                f"close(): NCCL still holds ringreduce's communicators after "
+                f"{_GRAPH_GRACE_S:.0f} s; {self.user_captures} call(s) were captured into "
+                f"CUDA graphs of yours and one of those graphs is still alive. NCCL frees "
+                f"a communicator only once every graph that captured it is destroyed: "
+                f"delete them (del graph) before close(). The communicators are left "
+                f"to process exit.") from exc
 
 
 def build_resources(store: dist.Store, rank: int, world: int, device: torch.device,
@@ -123,9 +163,10 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
     res.guard = Guard(store, rank, world, config.timeout_s, recorder)
     res.rank_order = _rank_order(topo, device)
     if is_cuda:
-        _build_cuda(res, store, config.rail_channels, config.timeout_s)
+        _build_cuda(res, store, config.rail_channels, config.timeout_s, config.graphs)
     else:
         _build_cpu(res, store, datetime.timedelta(seconds=config.timeout_s))
+        res.divisors = _divisors(world, device)
     return res
 
 
@@ -158,7 +199,7 @@ def _staging_geometry(topo: Topology, slice_bytes: int, budget: int) -> tuple[in
 
 
 def _build_cuda(res: Resources, store: dist.Store, rail_channels: int | None,
-                timeout_s: float) -> None:
+                timeout_s: float, graphs: int) -> None:
     topo = res.topo
     if topo.rank == 0:
         store.set("nccl/world", nccl.new_unique_id())
@@ -191,8 +232,19 @@ def _build_cuda(res: Resources, store: dist.Store, rail_channels: int | None,
         topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
     res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: _async_error(comms),
                             on_failure=lambda exc: res.fail(exc, None))
-    res.release_steps += [lambda c=c: nccl.finalize_and_destroy(c, time.monotonic() + timeout_s)
-                          for c in comms.values()]
+    res.release_steps += [lambda c=c: res.finalize(c, timeout_s) for c in comms.values()]
+    res.divisors = _divisors(topo.world_size, res.device)
+    if graphs:
+        res.graphs = GraphCache(graphs, res.device)
+
+
+def _divisors(world: int, device: torch.device) -> dict[torch.dtype, torch.Tensor]:
+    """Made once and waited for here, at construction, so that calls on any stream
+    may read them without a fill kernel (or a host copy) per AVG call."""
+    made = {dtype: torch.full((), world, dtype=dtype, device=device) for dtype in _FLOATS}
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+    return made
 
 
 def _abort_together(comms: dict[str, Any], device: torch.device) -> None:

@@ -10,7 +10,7 @@ Run with ``pytest -m gpu``; skipped without CUDA or nccl4py.
 from __future__ import annotations
 
 import importlib.util
-import os
+import itertools
 
 import pytest
 import torch
@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
 
-from .cases import block_sweep, check_equal, interleaved, rank_input, sizes_for, sweep
+from .cases import block_sweep, check_equal, expected, interleaved, rank_input, sizes_for, sweep
 from .multiproc import run_ranks
 from .test_cpu_api import model, train
 
@@ -104,7 +104,8 @@ def test_gpu_ddp_hook_matches_plain_ddp() -> None:
 
 
 def _graph_worker(rank: int, world: int) -> None:
-    """Capture comm.all_reduce in a CUDA graph, replay it on new data: exact results."""
+    """The caller captures comm.all_reduce in a CUDA graph of its own and replays it
+    on new data: exact. Closing after the graph is deleted is clean."""
     dev = torch.device("cuda", torch.cuda.current_device())
     with ringreduce.Communicator(min_bytes=0, slice_bytes=1 << 20) as comm:
         t = rank_input(rank, 3_000_017, torch.float32, dev)
@@ -116,17 +117,69 @@ def _graph_worker(rank: int, world: int) -> None:
         for salt in (1, 2):
             t.copy_(rank_input(rank, t.numel(), torch.float32, dev, salt))
             graph.replay()
-            torch.cuda.synchronize()
-            want = sum(rank_input(r, t.numel(), torch.float64, dev, salt) for r in range(world))
-            assert torch.equal(t, want.float()), f"replay with salt {salt}"
+            check_equal(t, expected(world, t.numel(), torch.float32, dist.ReduceOp.SUM, dev,
+                                    salt), f"replay with salt {salt}")
+        del graph  # NCCL frees a communicator only once the graphs that captured it are gone
 
 
-@pytest.mark.skipif(not os.environ.get("RR_GPU_GRAPH"),
-                    reason="known failure: all four ranks hung (300 s) capturing or replaying "
-                    "the pipeline in a CUDA graph on nvidia-h200-x2, 2026-11-23 "
-                    "(benchmarks/results/2026-11-23-h200x2-kernels); RR_GPU_GRAPH=1 runs it")
 def test_gpu_all_reduce_captures_in_cuda_graph() -> None:
     run_ranks(_graph_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL), timeout=120)
+
+
+def _live_graph_worker(rank: int, world: int) -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    comm = ringreduce.Communicator(min_bytes=0)
+    t = rank_input(rank, 3_000_017, torch.float32, dev)
+    comm.all_reduce(t)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        comm.all_reduce(t)
+    graph.replay()
+    with pytest.raises(ringreduce.RingReduceError, match="del graph"):
+        comm.close()  # NCCL would wait for the graph forever; ringreduce says so instead
+    assert graph is not None
+
+
+def test_gpu_close_with_a_live_graph_raises_instead_of_hanging() -> None:
+    run_ranks(_live_graph_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL),
+              timeout=120)
+
+
+def _replay_worker(rank: int, world: int) -> None:
+    """ringreduce's own graphs: the same tensors come back every step (as DDP's buckets
+    do), so from their second call on they are captured and replayed; calls on fresh
+    tensors, from a second stream, go the slow way in between. Every result exact."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    side = torch.cuda.Stream()
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=1 << 20) as comm:
+        buckets = {torch.float32: torch.empty(3_000_017, device=dev),
+                   torch.bfloat16: torch.empty(1_000_003, dtype=torch.bfloat16, device=dev)}
+        kept = []
+        for step in range(5):
+            for (dtype, t), op in itertools.product(buckets.items(), (dist.ReduceOp.SUM,
+                                                                       dist.ReduceOp.AVG)):
+                t.copy_(rank_input(rank, t.numel(), dtype, dev, step))
+                fut = comm.all_reduce(t, op=op, async_op=step % 2 == 1)
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):  # a fresh tensor, another stream: slow path
+                    other = rank_input(rank, 700_001, torch.float32, dev, step)
+                    comm.all_reduce(other)
+                    kept.append(other)  # alive, so no later tensor reuses its address
+                if fut is not None:
+                    fut.wait()
+                torch.cuda.current_stream().wait_stream(side)
+                check_equal(t, expected(world, t.numel(), dtype, op, dev, step),
+                            f"step {step}, {dtype}, {op}")
+                check_equal(other, expected(world, other.numel(), torch.float32,
+                                            dist.ReduceOp.SUM, dev, step), f"other, step {step}")
+        graphs = comm._res.graphs
+        assert graphs is not None and graphs.captures == 4 and len(graphs) == 4
+
+
+def test_gpu_repeated_all_reduces_replay_as_graphs_exactly() -> None:
+    run_ranks(_replay_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL),
+              timeout=240)
 
 
 def _blocks_worker(rank: int, world: int, machines: int) -> None:

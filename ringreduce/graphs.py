@@ -1,0 +1,117 @@
+"""Replay: repeated hierarchical all-reduces as CUDA graphs (the host-time fix, T6).
+
+Issuing the pipeline from Python costs about 2 ms per 25 MiB call (per slice: NCCL
+groups, events, views), while data-parallel training all-reduces the same gradient
+buckets, at the same addresses, every step. So the second time a communicator sees
+a call with the same (address, numel, dtype, op), it captures the call into a
+``torch.cuda.CUDAGraph`` on a stream of its own, and from then on replays it: one
+graph launch instead of the Python walk. A tensor seen once is never captured, so
+callers that allocate a fresh tensor per call pay nothing.
+
+Why replay is correct:
+  * A graph bakes addresses in. The key is the tensor's address and size, so a replay
+    reads and writes exactly the caller's tensor; staging and padding memory are
+    allocated once and never move, and the capture allocates nothing on the default
+    path (the 16-bit wire path allocates inside the graph's private pool).
+  * Replays are ordered with every other call by the ``done`` event (pipeline.py,
+    CudaStreams.replay): a replay waits for the previous call's end and records its
+    own, and the next call issued the slow way waits for it before its first stage.
+    So two calls never use a staging slot at once, from whatever streams they came.
+  * NCCL keeps a communicator alive while any graph that captured it exists (its
+    ncclCommDestroy waits for them), so closing drops these graphs first.
+
+The price: a replay does not overlap the previous call's tail the way consecutive
+slow-path calls overlap slice by slice; the results files measure both.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+from collections.abc import Callable
+
+import torch
+
+from .errors import RingReduceError
+
+log = logging.getLogger("ringreduce")
+
+Key = tuple[int, int, torch.dtype, str]
+"""(data_ptr, numel, dtype, op) of an all-reduce."""
+
+
+class GraphCache:
+    """At most ``capacity`` captured calls, least recently used dropped first."""
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.capacity = capacity
+        self._graphs: collections.OrderedDict[Key, torch.cuda.CUDAGraph] = \
+            collections.OrderedDict()
+        self._seen: collections.OrderedDict[Key, None] = collections.OrderedDict()
+        self._device = device
+        self._stream: torch.cuda.Stream | None = None  # made at the first capture
+        self.captures = 0
+        self.evicted = 0
+
+    def get(self, key: Key) -> torch.cuda.CUDAGraph | None:
+        graph = self._graphs.get(key)
+        if graph is not None:
+            self._graphs.move_to_end(key)
+        return graph
+
+    def seen_before(self, key: Key) -> bool:
+        """True the second time ``key`` comes (then it is worth capturing); remembers
+        a bounded number of keys seen once. Once as many graphs were dropped as the
+        cache holds, more tensors repeat than fit: capturing on would re-capture
+        every call (slower than not capturing), so no new captures are made."""
+        if self.evicted >= self.capacity:
+            return False
+        if key in self._seen:
+            del self._seen[key]
+            return True
+        self._seen[key] = None
+        if len(self._seen) > 4 * self.capacity:
+            self._seen.popitem(last=False)
+        return False
+
+    def capture(self, key: Key, issue: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        """Capture what ``issue()`` enqueues on the current stream (and the streams it
+        forks from it) into a graph kept under ``key``. Nothing runs until replay.
+
+        Capture mode "thread_local": other threads (the watchdog's event queries, a
+        data loader's allocations) may go on using CUDA meanwhile."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self._device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(self._stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                issue()
+            except BaseException:
+                with contextlib.suppress(Exception):  # the original error matters
+                    graph.capture_end()
+                raise
+            try:
+                graph.capture_end()
+            except RuntimeError as exc:
+                raise RingReduceError(f"capturing an all-reduce of {key[1]} x {key[2]} into "
+                                      f"a CUDA graph failed: {exc}; RINGREDUCE_GRAPHS=0 "
+                                      "turns replay off") from exc
+        self.captures += 1
+        self._graphs[key] = graph
+        if len(self._graphs) > self.capacity:
+            self._graphs.popitem(last=False)  # NCCL reclaims its plans when it dies
+            self.evicted += 1
+            if self.evicted == self.capacity:
+                log.warning("ringreduce: more repeated tensors than RINGREDUCE_GRAPHS=%d "
+                            "graphs; new ones are no longer captured (raise it to capture "
+                            "them)", self.capacity)
+        return graph
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def clear(self) -> None:
+        self._graphs.clear()
+        self._seen.clear()

@@ -248,12 +248,17 @@ class Communicator:
 
     def _issue_cuda(self, t: torch.Tensor, op: str, async_op: bool,
                     record: Record) -> tuple[Any, list[tuple[str, str]]]:
-        if torch.cuda.is_current_stream_capturing():
-            self._res.user_captures += 1  # closing must then wait for the graph (resources.py)
-        else:
-            graph = self._graph_for(t, op, record)
-            if graph is not None:
-                return self._replay(graph, t, async_op, record)
+        if torch.cuda.is_current_stream_capturing():  # the caller's own CUDA graph
+            self._res.user_captures += 1  # closing must then wait for it (resources.py)
+            with self._res.sync.capturing():
+                return self._issue_now(t, op, async_op, record)
+        graph = self._graph_for(t, op, record)
+        if graph is not None:
+            return self._replay(graph, t, async_op, record)
+        return self._issue_now(t, op, async_op, record)
+
+    def _issue_now(self, t: torch.Tensor, op: str, async_op: bool,
+                   record: Record) -> tuple[Any, list[tuple[str, str]]]:
         last = self._execute(t, op, record, inline=not async_op)
         sync = self._res.sync
         ends = _stage_ends(last, self._res.topo.devices_per_machine)
@@ -280,8 +285,9 @@ class Communicator:
         graph = graphs.get(key)
         if graph is None and graphs.seen_before(key):
             def issue() -> None:
-                if self._execute(t, op, record):
-                    self._res.sync.leave()  # joins every stage stream into the capture
+                with self._res.sync.capturing():
+                    if self._execute(t, op, record):
+                        self._res.sync.leave()  # joins every stage stream into the capture
             graph = graphs.capture(key, issue)
         return graph
 

@@ -91,6 +91,7 @@ class GraphCache:
             except BaseException:
                 with contextlib.suppress(Exception):  # the original error matters
                     graph.capture_end()
+                del graph  # not kept alive by the traceback: NCCL would wait for it
                 raise
             try:
                 graph.capture_end()

@@ -44,7 +44,16 @@ FLAT = "flat"
 
 
 class CudaStreams:
-    """One stream per stage (and one for the flat path), and every named event."""
+    """One stream per stage (and one for the flat path), and every named event.
+
+    While a call is captured into a CUDA graph (ours, graphs.py, or the caller's), it
+    records fresh events instead of the named ones, and waits only on what it recorded
+    itself: CUDA refuses a captured wait on work recorded outside the capture
+    (cudaErrorStreamCaptureIsolation), and an event recorded inside a capture cannot
+    be waited on outside it (cudaErrorInvalidValue), so sharing them would break both
+    the capture and every later call. What the skipped waits ordered (an earlier
+    call's use of a staging or padding slot) a replay gets from the ``done`` event
+    (ours) or from the caller's stream (replay where the calls were issued)."""
 
     def __init__(self, device: torch.device, event_names: Sequence[str]) -> None:
         # High priority: communication kernels should not queue behind compute.
@@ -52,17 +61,38 @@ class CudaStreams:
                         for s in (*schedule.STAGES, FLAT)}
         self.events = {name: torch.cuda.Event() for name in event_names}
         self._after_replay = False
+        self._captured: dict[str, torch.cuda.Event] | None = None
+        """Events of the capture under way, by name; None when not capturing."""
 
     def handle(self, stage: str) -> int:
         return self.streams[stage].cuda_stream
 
     def wait(self, stage: str, names: Sequence[str]) -> None:
         for name in names:
-            self.streams[stage].wait_event(self.events[name])
+            event = self._recorded(name)
+            if event is not None:
+                self.streams[stage].wait_event(event)
 
     def record(self, stage: str, names: Sequence[str]) -> None:
         for name in names:
-            self.events[name].record(self.streams[stage])
+            self._to_record(name).record(self.streams[stage])
+
+    def _recorded(self, name: str) -> torch.cuda.Event | None:
+        return self.events[name] if self._captured is None else self._captured.get(name)
+
+    def _to_record(self, name: str) -> torch.cuda.Event:
+        if self._captured is None:
+            return self.events[name]
+        return self._captured.setdefault(name, torch.cuda.Event())
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """Around issuing one call into a CUDA graph capture."""
+        self._captured = {}
+        try:
+            yield
+        finally:
+            self._captured = None
 
     def on(self, stage: str) -> contextlib.AbstractContextManager[Any]:
         return torch.cuda.stream(self.streams[stage])
@@ -71,10 +101,10 @@ class CudaStreams:
         caller = torch.cuda.current_stream()
         # graphs.py: a replay ran outside our streams, so the next call joins its end
         # (not while capturing: a captured call runs at replay, which waits for it).
-        if self._after_replay and not torch.cuda.is_current_stream_capturing():
+        if self._after_replay and self._captured is None:
             caller.wait_event(self.events[DONE])
             self._after_replay = False
-        self.events[ENTRY].record(caller)
+        self._to_record(ENTRY).record(caller)
 
     def replay(self, graph: torch.cuda.CUDAGraph) -> None:
         """Launch a captured call on the caller's stream, after the previous call
@@ -87,7 +117,9 @@ class CudaStreams:
         self._after_replay = True
 
     def leave(self) -> None:
-        torch.cuda.current_stream().wait_event(self.events[DONE])
+        event = self._recorded(DONE)
+        assert event is not None, "leave() before the call's last stage recorded done"
+        torch.cuda.current_stream().wait_event(event)
 
     def adopt(self, t: torch.Tensor, stages: Sequence[str]) -> None:
         """Tell the caching allocator that our streams use ``t`` (async calls)."""

@@ -134,13 +134,14 @@ class Resources:
         try:
             nccl.finalize_and_destroy(comm, time.monotonic() + _GRAPH_GRACE_S, abort=False)
         except RingReduceError as exc:
+            holder = (f"{self.user_captures} call(s) were captured into CUDA graphs of "
+                      "yours and one of those graphs is still alive" if self.user_captures
+                      else "a CUDA graph ringreduce captured is still referenced")
             raise RingReduceError(
                 f"close(): NCCL still holds ringreduce's communicators after "
-                f"{_GRAPH_GRACE_S:.0f} s; {self.user_captures} call(s) were captured into "
-                f"CUDA graphs of yours and one of those graphs is still alive. NCCL frees "
-                f"a communicator only once every graph that captured it is destroyed: "
-                f"delete them (del graph) before close(). The communicators are left "
-                f"to process exit.") from exc
+                f"{_GRAPH_GRACE_S:.0f} s: {holder}. NCCL frees a communicator only once "
+                f"every graph that captured it is destroyed: delete them (del graph) "
+                f"before close(). The communicators are left to process exit.") from exc
 
 
 def build_resources(store: dist.Store, rank: int, world: int, device: torch.device,

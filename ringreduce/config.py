@@ -111,11 +111,16 @@ class Config:
     element is rounded to the wire format once, on every machine alike, so all
     ranks end with identical values. Other dtypes and the flat route are unaffected."""
 
-    graphs: int = 256
-    """CUDA only: how many repeated hierarchical all-reduces are kept as CUDA graphs
-    and replayed (``RINGREDUCE_GRAPHS``; 0 turns replay off). A call is captured the
-    second time the same tensor (address, size, dtype, op) comes back, as DDP's
-    buckets do every step; graphs.py says why that is safe and what it saves."""
+    graphs: int = 0
+    """CUDA only: keep up to this many repeated hierarchical all-reduces as CUDA graphs
+    and replay them (``RINGREDUCE_GRAPHS``; 0, the default, never captures). A call is
+    captured the second time the same tensor (address, size, dtype, op) comes back, as
+    DDP's buckets do every step; graphs.py says why that is safe. Off by default, from
+    measurement (2 x 1 on one H200, 20 Gbit/s cap, benchmarks/results/
+    2026-11-23-h200-graphs): host time per 25 MiB call drops from 3410 us to 196 us,
+    but replays do not overlap one another, so 16 back-to-back buckets ran 1.11x NCCL
+    against 1.27x without, and DLRM-style DDP 0.89x against 1.03x. Turn it on where
+    the host, not the link, is the bottleneck (many small slices, a busy CPU)."""
 
     def __post_init__(self) -> None:
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPES:

@@ -66,9 +66,11 @@ def test_gpu_every_size_dtype_op_is_exact(machines: int, devices: int) -> None:
               env=_env(machines, devices))
 
 
-def _no_sync_worker(rank: int, world: int) -> None:
+def _no_sync_worker(rank: int, world: int, graphs: int) -> None:
+    """With graphs, the same tensor is captured at its second call and replayed after:
+    neither may synchronise either."""
     dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(min_bytes=0) as comm:
+    with ringreduce.Communicator(min_bytes=0, graphs=graphs) as comm:
         t = rank_input(rank, 3_000_001, torch.float32, dev)
         comm.all_reduce(t)  # warm up: the first call may allocate
         torch.cuda.synchronize()
@@ -82,16 +84,18 @@ def _no_sync_worker(rank: int, world: int) -> None:
         assert fut is not None
         fut.wait()
         torch.cuda.synchronize()
+        assert graphs == 0 or comm._res.graphs.captures == 1
 
 
-def test_gpu_all_reduce_never_syncs_the_host() -> None:
-    run_ranks(_no_sync_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL))
+@pytest.mark.parametrize("graphs", [0, 8], ids=["slow-path", "graphs"])
+def test_gpu_all_reduce_never_syncs_the_host(graphs: int) -> None:
+    run_ranks(_no_sync_worker, SMALL[0] * SMALL[1], graphs, backend="nccl", env=_env(*SMALL))
 
 
-def _ddp_worker(rank: int, world: int) -> None:
+def _ddp_worker(rank: int, world: int, graphs: int) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     reference = train(DDP(model().to(dev), bucket_cap_mb=0.01), rank, 6, dev)
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm:
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096, graphs=graphs) as comm:
         hooked = DDP(model().to(dev), bucket_cap_mb=0.01)
         hooked.register_comm_hook(comm, ringreduce.ddp_hook)
         got = train(hooked, rank, 6, dev)
@@ -99,8 +103,10 @@ def _ddp_worker(rank: int, world: int) -> None:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_gpu_ddp_hook_matches_plain_ddp() -> None:
-    run_ranks(_ddp_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL))
+@pytest.mark.parametrize("graphs", [0, 8], ids=["slow-path", "graphs"])
+def test_gpu_ddp_hook_matches_plain_ddp(graphs: int) -> None:
+    """With graphs, DDP's buckets (the same tensors every step) are replayed."""
+    run_ranks(_ddp_worker, SMALL[0] * SMALL[1], graphs, backend="nccl", env=_env(*SMALL))
 
 
 def _graph_worker(rank: int, world: int) -> None:
@@ -152,7 +158,7 @@ def _replay_worker(rank: int, world: int) -> None:
     tensors, from a second stream, go the slow way in between. Every result exact."""
     dev = torch.device("cuda", torch.cuda.current_device())
     side = torch.cuda.Stream()
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=1 << 20) as comm:
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=1 << 20, graphs=8) as comm:
         buckets = {torch.float32: torch.empty(3_000_017, device=dev),
                    torch.bfloat16: torch.empty(1_000_003, dtype=torch.bfloat16, device=dev)}
         kept = []

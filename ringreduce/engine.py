@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import checks, collectives, layout, schedule
+from . import checks, collectives, schedule
 from .config import Config
 from .errors import RingReduceError
 from .flight import Record
@@ -237,12 +237,11 @@ class Communicator:
         record.route = "hierarchical"
         res.sync.enter()
         topo = res.topo
-        plans = layout.plan_slices(t.numel(), t.element_size(), topo.devices_per_machine,
-                                   topo.machines, res.slice_bytes)
         ctx.wire = self._wire if t.dtype == torch.float32 else None
-        steps, self._cursor = schedule.plan_steps(
-            len(plans), plans[-1].tail > 0, topo.devices_per_machine, res.staging_slots,
-            layout.PADDING_SLOTS, self._cursor, "add" if ctx.wire is None else "diffuse")
+        plans, steps, self._cursor = schedule.plan_call(
+            t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
+            res.slice_bytes, res.staging_slots, self._cursor,
+            "add" if ctx.wire is None else "diffuse")
         run_steps(steps, t.view(-1), plans, op, ctx)
         return schedule.active_stages(topo.devices_per_machine)[-1]
 

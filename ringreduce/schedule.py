@@ -12,8 +12,11 @@ slice i, so each slot has its own "free" event.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
+
+from . import layout
 
 #: The stages, in pipeline order. Streams, communicators and events take their names.
 STAGES = ("reduce_scatter", "collect", "add", "diffuse", "all_gather")
@@ -122,3 +125,18 @@ def event_names(devices: int, staging_slots: int, padding_slots: int) -> tuple[s
     names += [staging_free(s) for s in range(staging_slots)]
     names += [padding_free(p) for p in range(padding_slots)]
     return tuple(names)
+
+
+@functools.lru_cache(maxsize=1024)
+def plan_call(numel: int, itemsize: int, devices: int, machines: int, slice_bytes: int,
+              staging_slots: int, cursor: Cursor, slot_reader: str,
+              ) -> tuple[tuple[layout.SlicePlan, ...], tuple[Step, ...], Cursor]:
+    """A call's slices and steps, and the cursor after it. Pure and immutable, so
+    memoised: planning a 25 MiB call costs 60-90 us of Python (2 x 1 and 2 x 2, on a
+    2-core CI-class CPU), a cache hit 0.4 us, and training repeats the same sizes from
+    the same slot positions."""
+    plans = layout.plan_slices(numel, itemsize, devices, machines, slice_bytes)
+    steps, after = plan_steps(len(plans), plans[-1].tail > 0, devices, staging_slots,
+                              padding_slots=layout.PADDING_SLOTS, cursor=cursor,
+                              slot_reader=slot_reader)
+    return plans, steps, after

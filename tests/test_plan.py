@@ -64,6 +64,11 @@ def test_config_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         Config.from_env()
     with pytest.raises(ValueError, match="staging_bytes=-1"):
         Config(staging_bytes=-1)
+    monkeypatch.setenv("RINGREDUCE_MACHINES", "2")
+    monkeypatch.setenv("RINGREDUCE_GRAPHS", "64")
+    assert Config.from_env().graphs == 64 and Config().graphs == 0  # replay is opt-in
+    with pytest.raises(ValueError, match="graphs=-1"):
+        Config(graphs=-1)
 
 
 def test_topology_from_host_ids_groups_by_host() -> None:
@@ -117,3 +122,13 @@ def test_more_than_2_31_elements_are_planned_exactly() -> None:
     assert sum(p.numel for p in plans) == numel
     assert plans[-1].offset + plans[-1].numel == numel and plans[-1].tail == 5 % 8
     assert all(p.offset == i * plans[0].numel for i, p in enumerate(plans))
+
+
+def test_plan_call_is_the_memoised_plan_of_slices_and_steps() -> None:
+    cursor = schedule.Cursor(3, 1)
+    plans, steps, after = schedule.plan_call(1_000_003, 4, 2, 2, 65536, 8, cursor, "add")
+    want_plans = layout.plan_slices(1_000_003, 4, 2, 2, 65536)
+    want_steps, want_after = schedule.plan_steps(len(want_plans), want_plans[-1].tail > 0, 2, 8,
+                                                 layout.PADDING_SLOTS, cursor, "add")
+    assert (plans, steps, after) == (want_plans, want_steps, want_after)
+    assert schedule.plan_call(1_000_003, 4, 2, 2, 65536, 8, cursor, "add")[1] is steps

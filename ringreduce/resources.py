@@ -119,7 +119,6 @@ class Resources:
             step()
         self.release_steps.clear()
 
-
     def captured(self) -> int:
         """How many calls were captured into CUDA graphs, ours or the caller's."""
         return self.user_captures + (self.graphs.captures if self.graphs is not None else 0)

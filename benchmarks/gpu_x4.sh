@@ -11,33 +11,29 @@
 set -u
 . "$(dirname "$0")/gpu_env.sh"
 E="python3 benchmarks/emulate.py --physical-gpus $NGPU --machines 2 --gpus-per-machine 2"
-run() { local name=$1; shift; echo "### $name: $*" > "$OUT/$name.txt"; "$@" >> "$OUT/$name.txt" 2>&1;
-        echo "$name rc=$?"; }
-show() { for f in "$@"; do echo "== $f"; grep -E "^#|^ *[0-9]|Error|error|^mode|^nccl|^hook|^backend" \
-         "$OUT/$f.txt" | grep -vE "NCCL env|socket.cpp" | tail -16; done; }
 case "${1:-perf}" in
 perf)
-  run t1_one_machine torchrun --nproc-per-node "$NGPU" -m ringreduce.bench -b 4K -e 1G -f 4 $B \
+  logrun t1_one_machine torchrun --nproc-per-node "$NGPU" -m ringreduce.bench -b 4K -e 1G -f 4 $B \
     --json "$OUT/t1.json" --plot "$OUT/t1.png"
-  run t2_capped $E -- -b 4K -e 256M -f 4 $B --host-profile 25M --json "$OUT/t2.json" --plot "$OUT/t2.png"
-  run t3_buckets $E -- -b 25M -e 25M --buckets 16 $B --json "$OUT/t3.json"
-  RINGREDUCE_GRAPHS=256 run t3_t6_graphs $E -- -b 25M -e 25M --buckets 16 $B --host-profile 25M \
+  logrun t2_capped $E -- -b 4K -e 256M -f 4 $B --host-profile 25M --json "$OUT/t2.json" --plot "$OUT/t2.png"
+  logrun t3_buckets $E -- -b 25M -e 25M --buckets 16 $B --json "$OUT/t3.json"
+  RINGREDUCE_GRAPHS=256 logrun t3_t6_graphs $E -- -b 25M -e 25M --buckets 16 $B --host-profile 25M \
     --json "$OUT/t3g.json"
-  run t4_loopback $E --mode loopback -- -b 1M -e 256M -f 4 $B --json "$OUT/t4.json"
-  run t4_loopback_tuned $E --mode loopback --nccl-tuned -- -b 1M -e 256M -f 4 $B --json "$OUT/t4t.json"
-  RINGREDUCE_WIRE_DTYPE=bfloat16 run t7_wire_bf16 $E -- -b 16M -e 256M -f 4 $B --json "$OUT/t7.json"
-  show t1_one_machine t2_capped t3_buckets t3_t6_graphs t4_loopback t4_loopback_tuned t7_wire_bf16 ;;
+  logrun t4_loopback $E --mode loopback -- -b 1M -e 256M -f 4 $B --json "$OUT/t4.json"
+  logrun t4_loopback_tuned $E --mode loopback --nccl-tuned -- -b 1M -e 256M -f 4 $B --json "$OUT/t4t.json"
+  RINGREDUCE_WIRE_DTYPE=bfloat16 logrun t7_wire_bf16 $E -- -b 16M -e 256M -f 4 $B --json "$OUT/t7.json"
+  logshow t1_one_machine t2_capped t3_buckets t3_t6_graphs t4_loopback t4_loopback_tuned t7_wire_bf16 ;;
 blocks)
   for c in reduce_scatter all_gather; do
-    run "capped_$c" $E -- --collective "$c" -b 1M -e 256M -f 4 $B --json "$OUT/$c.json" --plot "$OUT/$c.png"
+    logrun "capped_$c" $E -- --collective "$c" -b 1M -e 256M -f 4 $B --json "$OUT/$c.json" --plot "$OUT/$c.png"
   done
-  show capped_reduce_scatter capped_all_gather ;;
+  logshow capped_reduce_scatter capped_all_gather ;;
 dlrm)
-  run dlrm_capped $E --script benchmarks/dlrm.py -- --modes nccl,hook,backend \
+  logrun dlrm_capped $E --script benchmarks/dlrm.py -- --modes nccl,hook,backend \
     --json "$OUT/dlrm.json" --plot "$OUT/dlrm.png"
-  show dlrm_capped ;;
+  logshow dlrm_capped ;;
 soak)
-  run soak $E --mode loopback --script benchmarks/soak.py -- --calls 10000 --min-bytes 65536 \
+  logrun soak $E --mode loopback --script benchmarks/soak.py -- --calls 10000 --min-bytes 65536 \
     --json "$OUT/soak.json"
   grep -E "^# soak|wrong_elements|FAILED" "$OUT/soak.txt" | cut -c1-300 | tail -8 ;;
 *) echo "usage: $0 perf|blocks|dlrm|soak" >&2; exit 2 ;;

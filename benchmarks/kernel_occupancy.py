@@ -6,16 +6,18 @@ a device copy in the same run. ringreduce.kernels picks its launch shape from th
 One GPU: ``python3 benchmarks/kernel_occupancy.py``."""
 from __future__ import annotations
 
-import os
-import statistics
 import sys
+from pathlib import Path
 
 import cupy
 import numpy as np
 import torch
 
-sys.path.insert(0, os.getcwd())
-from ringreduce.kernels import source_dir
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # ringreduce, and kernel_bench beside this file
+from kernel_bench import timed  # noqa: E402
+
+from ringreduce.kernels import source_dir  # noqa: E402
 
 SRC = (source_dir() / "add.cu").read_text()
 OLD = """    unsigned u = __float_as_uint(f);
@@ -29,19 +31,6 @@ NEW = """    unsigned short h;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
     out->bits = h;"""
 assert OLD in SRC
-
-
-def timed(fn, reps=20):  # type: ignore[no-untyped-def]
-    fn()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(out)
 
 
 def main() -> None:

@@ -83,7 +83,10 @@ class CudaStreams:
     def _to_record(self, name: str) -> torch.cuda.Event:
         if self._captured is None:
             return self.events[name]
-        return self._captured.setdefault(name, torch.cuda.Event())
+        event = self._captured.get(name)  # re-recorded per slice: one event per name
+        if event is None:
+            event = self._captured[name] = torch.cuda.Event()
+        return event
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:

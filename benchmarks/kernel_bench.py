@@ -49,6 +49,31 @@ def main() -> None:
                   f"{moved / t_kernel / 1e9:>12.0f} {moved / t_torch / 1e9:>11.0f} "
                   f"{moved / t_kernel / copy_bw:>12.2f}")
 
+    wire_casts(kernels, stream, copy_bw)
+
+
+def wire_casts(kernels: Kernels, stream: int, copy_bw: float) -> None:
+    """The 16-bit wire kernels (native/wire.cu, the wire add) on float32 rows of 128 MiB:
+    they run once per slice on the rail stages, so they must stay near copy speed."""
+    print(f"#{'kernel':>15} {'rows':>5} {'MiB/row':>8} {'kernel GB/s':>12} {'kernel/copy':>12}")
+    k = (128 << 20) // 4
+    for nrows in (1, 3, 7):
+        view = torch.randn(nrows + 1, k, device="cuda")
+        packed = torch.empty(nrows, k, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(k, dtype=torch.bfloat16, device="cuda")
+        cases = {
+            "narrow_rows": (lambda: kernels.narrow_rows(view, packed, 0, stream),  # noqa: B023
+                            nrows * k * 6),
+            "widen_rows": (lambda: kernels.widen_rows(packed, view, 0, stream),  # noqa: B023
+                           nrows * k * 6),
+            "add_wire": (lambda: kernels.add_wire(view[0], packed, out, "sum", 2,  # noqa: B023
+                                                  stream), k * 10 + nrows * k * 2),
+        }
+        for name, (launch, moved) in cases.items():
+            t = timed(launch)
+            print(f" {name:>15} {nrows:>5} {k * 4 >> 20:>8} {moved / t / 1e9:>12.0f} "
+                  f"{moved / t / copy_bw:>12.2f}")
+
 
 if __name__ == "__main__":
     main()

@@ -5,50 +5,18 @@
 // 16-bit floats accumulate in fp32 and round once; AVG divides the exact sum by N at
 // the end (integer AVG truncates toward zero, like C++ division and NCCL).
 //
-// Compiled at run time by NVRTC through cupy.RawModule (ringreduce/kernels.py), with
-// no CUDA headers: fp16 converts through PTX cvt, bf16 through bit operations, so the
-// same source builds wherever cupy does.
+// Compiled at run time by NVRTC through cupy.RawModule (ringreduce/kernels.py), after
+// native/numeric.cuh (element types, conversions, Pack).
 //
 // Template parameters: T element type, A accumulator type, OP (0 sum, 1 avg, 2 max,
 // 3 min), VEC elements per 16-byte load (1 for the scalar variant used when the rows
 // are not 16-byte aligned).
-
-struct half_t { unsigned short bits; };
-struct bf16_t { unsigned short bits; };
-
-__device__ __forceinline__ float to_acc(half_t x) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
-    return f;
-}
-__device__ __forceinline__ float to_acc(bf16_t x) {
-    return __uint_as_float(static_cast<unsigned>(x.bits) << 16);
-}
-template <typename T> __device__ __forceinline__ T to_acc(T x) { return x; }
-
-__device__ __forceinline__ void from_acc(float f, half_t* out) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    out->bits = h;
-}
-__device__ __forceinline__ void from_acc(float f, bf16_t* out) {
-    unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays a (quiet) NaN
-        out->bits = static_cast<unsigned short>((u >> 16) | 0x40u);
-        return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-    out->bits = static_cast<unsigned short>(u >> 16);
-}
-template <typename T> __device__ __forceinline__ void from_acc(T v, T* out) { *out = v; }
 
 template <typename A, int OP> __device__ __forceinline__ A combine(A a, A b) {
     if (OP == 2) return a > b ? a : b;
     if (OP == 3) return a < b ? a : b;
     return a + b;
 }
-
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
 
 template <typename T, typename A, int OP, int VEC>
 __global__ void rr_add(T* __restrict__ own, const T* __restrict__ rows, long long k,
@@ -80,5 +48,41 @@ __global__ void rr_add(T* __restrict__ own, const T* __restrict__ rows, long lon
             from_acc(acc[e], &mine.v[e]);
         }
         *reinterpret_cast<Pack<T, VEC>*>(own + i) = mine;
+    }
+}
+
+// The add stage with a 16-bit wire format W (float32 tensors, Config.wire_dtype): own
+// (float32) combined with the R received rows (W) in float32, then rounded to W once.
+// Both own (widened back, so this machine keeps exactly what the others receive) and
+// out, the row diffuse sends (W), get the rounded value: one pass instead of four torch
+// ops and two temporaries. VEC 4 (16-byte float loads) or 1 (unaligned scalar variant).
+template <typename W, int OP>
+__device__ __forceinline__ float add_wire_one(float own, const W* rows, long long k, int nrows,
+                                              long long j, float world, W* out) {
+    float acc = own;
+    for (int r = 0; r < nrows; ++r) acc = combine<float, OP>(acc, to_acc(rows[r * k + j]));
+    if (OP == 1) acc = acc / world;
+    from_acc(acc, out);
+    return to_acc(*out);
+}
+
+template <typename W, int OP, int VEC>
+__global__ void rr_add_wire(float* __restrict__ own, const W* __restrict__ rows,
+                            W* __restrict__ out, long long k, int nrows, float world) {
+    const long long step = static_cast<long long>(gridDim.x) * blockDim.x * VEC;
+    for (long long i = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
+         i < k; i += step) {
+        if (i + VEC > k) {  // only when VEC > 1 and k is not a multiple of VEC
+            for (long long j = i; j < k; ++j)
+                own[j] = add_wire_one<W, OP>(own[j], rows, k, nrows, j, world, &out[j]);
+            return;
+        }
+        Pack<float, VEC> mine = *reinterpret_cast<const Pack<float, VEC>*>(own + i);
+        Pack<W, VEC> sent;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+            mine.v[e] = add_wire_one<W, OP>(mine.v[e], rows, k, nrows, i + e, world, &sent.v[e]);
+        *reinterpret_cast<Pack<float, VEC>*>(own + i) = mine;
+        *reinterpret_cast<Pack<W, VEC>*>(out + i) = sent;
     }
 }

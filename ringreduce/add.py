@@ -31,17 +31,20 @@ def add(own: torch.Tensor, rows: torch.Tensor, op: str, world_size: int) -> None
             finish_average(own, world_size)
 
 
-def add_wire(own: torch.Tensor, rows: torch.Tensor, op: str, world_size: int) -> None:
+def add_wire(own: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, op: str,
+             world_size: int) -> None:
     """``add`` for float32 ``own`` and rows that came in a 16-bit wire format: fp32
-    accumulation, then ``own`` rounded to the wire format once, so the owner keeps
-    exactly the value every other machine receives in diffuse."""
+    accumulation, then the result rounded to the wire format once, into ``out`` (the
+    row diffuse sends) and ``own``, so the owner keeps exactly the value every other
+    machine receives."""
     if op in ("max", "min"):
         add(own, rows.float(), op, world_size)
     else:
         own.add_(rows.sum(dim=0, dtype=torch.float32))
         if op == "avg":
             finish_average(own, world_size)
-    own.copy_(own.to(rows.dtype))
+    out.copy_(own)
+    own.copy_(out)
 
 
 def finish_average(t: torch.Tensor, world_size: int, divisor: torch.Tensor | None = None) -> None:

@@ -48,6 +48,7 @@ _ENV = {
     "flight_file": "RINGREDUCE_FLIGHT_FILE",
     "wire_dtype": "RINGREDUCE_WIRE_DTYPE",
     "graphs": "RINGREDUCE_GRAPHS",
+    "nccl_blocking": "RINGREDUCE_NCCL_BLOCKING",
 }
 
 #: 16-bit formats float32 tensors may take on the network hop (collect, diffuse).
@@ -121,6 +122,17 @@ class Config:
     but replays do not overlap one another, so 16 back-to-back buckets ran 1.11x NCCL
     against 1.27x without, and DLRM-style DDP 0.89x against 1.03x. Turn it on where
     the host, not the link, is the bottleneck (many small slices, a busy CPU)."""
+
+    nccl_blocking: bool = True
+    """CUDA only: the communicators that carry traffic are blocking NCCL communicators
+    (``RINGREDUCE_NCCL_BLOCKING``; 0 makes them non-blocking too). Either way they are
+    created non-blocking, so initialisation and splitting end at the deadline, and the
+    watchdog aborts them after it. Blocking by default, from measurement: NCCL (2.2x,
+    src/group.cc) hands every ``ncclGroupEnd`` on a non-blocking communicator to a
+    new thread, and a 25 MiB call at 2 x 1 (14 groups) cost 3003 us of host time
+    against 1465 us blocking (H200, benchmarks/results/2026-11-23-h200-host). The
+    one wait a blocking communicator adds, connection setup inside the first call to
+    a peer, is bounded by the watchdog, which also watches calls being issued."""
 
     def __post_init__(self) -> None:
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPES:

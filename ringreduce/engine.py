@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -164,12 +165,18 @@ class Communicator:
         self._op_number += 1
         record = guard.recorder.begin(self._op_number, t.numel(), str(t.dtype), op, route, kind)
         if self._res.is_cuda:
-            with self._res.issue_lock:
+            res = self._res
+            with res.issue_lock:
+                res.issuing = (record, time.monotonic())  # watched: NCCL may block inside
                 try:
                     fut, ends = on_cuda(record)
                 except RingReduceError as exc:
-                    self._res.fail(exc, record)
+                    res.fail(exc, record)
+                    if res.guard.failure is not exc:  # the watchdog's abort ended the call:
+                        raise RingReduceError(str(res.guard.failure)) from exc  # say why
                     raise
+                finally:
+                    res.issuing = None
                 self._watch(record, ends)
             guard.finish(record)  # on CUDA: issued (the device finishes later)
             return fut
@@ -315,7 +322,7 @@ class Communicator:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream() if stream == CALLER
                          else res.sync.streams[stream])
-            done.append((label, event, _peers(topo, stream)))
+            done.append((label, event, topo.peers(stream)))
         res.watchdog.watch(record.op_number, f"{record.kind} of {record.numel} x {record.dtype}",
                            done)
 
@@ -360,7 +367,6 @@ class _Context:
 
 CALLER = "caller"
 """Stands for the caller's current stream in a call's stream ends."""
-RAIL = ("collect", "add", "diffuse")
 
 
 def _stage_ends(last: str, devices: int) -> list[tuple[str, str]]:
@@ -372,13 +378,6 @@ def _stage_ends(last: str, devices: int) -> list[tuple[str, str]]:
     if last == FLAT:
         return [(FLAT, FLAT)]
     return [(s, s) for s in schedule.active_stages(devices)]
-
-
-def _peers(topo: Topology, stream: str) -> tuple[int, ...]:
-    """Who a stream's work waits for: the machine, the rail, or everyone."""
-    if stream in ("reduce_scatter", "all_gather"):
-        return topo.intra_ranks()
-    return topo.rail_ranks() if stream in RAIL else tuple(range(topo.world_size))
 
 
 def _device_of(group: dist.ProcessGroup) -> torch.device:

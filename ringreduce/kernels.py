@@ -45,6 +45,12 @@ BLOCKS_PER_SM = {2: 8}
 DEFAULT_BLOCKS_PER_SM = 4
 
 
+#: 16-bit wire formats -> C++ element type (float32 tensors only, Config.wire_dtype).
+_WIRE = {torch.bfloat16: "bf16_t", torch.float16: "half_t"}
+#: Elements per vector access of the wire kernels: 16-byte float32 loads.
+_WIRE_VEC = 4
+
+
 def available() -> bool:
     return importlib.util.find_spec("cupy") is not None
 
@@ -65,25 +71,25 @@ class Kernels:
         major, minor = torch.cuda.get_device_capability(self._device)
         self._arch = f"sm_{major}{minor}"
         self._sms = torch.cuda.get_device_properties(self._device).multi_processor_count
-        self._functions: dict[tuple[torch.dtype, str, int], Any] = {}
+        self._functions: dict[tuple[str, str], Any] = {}
         self._streams: dict[int, Any] = {}
-        self._source = (source_dir() / "add.cu").read_text()
+        numeric = (source_dir() / "numeric.cuh").read_text()
+        self._sources = {name: numeric + (source_dir() / name).read_text()
+                         for name in ("add.cu", "wire.cu")}
 
-    def _function(self, dtype: torch.dtype, op: str, vec: int) -> Any:
-        key = (dtype, op, vec)
-        fn = self._functions.get(key)
+    def _function(self, source: str, name: str) -> Any:
+        """``name`` (a template instance) compiled from native/``source``, cached."""
+        fn = self._functions.get((source, name))
         if fn is None:
-            elem, acc, _ = _TYPES[dtype]
-            name = f"rr_add<{elem}, {acc}, {_OPS[op]}, {vec}>"
             try:
                 options = ("-std=c++17", f"--gpu-architecture={self._arch}")
-                module = self._cupy.RawModule(code=self._source, name_expressions=[name],
-                                              options=options)
+                module = self._cupy.RawModule(code=self._sources[source],
+                                              name_expressions=[name], options=options)
                 fn = module.get_function(name)
             except self._cupy.cuda.compiler.CompileException as exc:
-                raise RingReduceError(f"compiling native/add.cu ({name}, {self._arch}) failed; "
-                                      f"compiler log:\n{exc.get_message()}") from exc
-            self._functions[key] = fn
+                raise RingReduceError(f"compiling native/{source} ({name}, {self._arch}) "
+                                      f"failed; compiler log:\n{exc.get_message()}") from exc
+            self._functions[(source, name)] = fn
         return fn
 
     def _stream(self, handle: int) -> Any:
@@ -91,6 +97,14 @@ class Kernels:
         if s is None:
             s = self._streams[handle] = self._cupy.cuda.ExternalStream(handle, self._device)
         return s
+
+    def _launch(self, source: str, name: str, n: int, vec: int, element_size: int,
+                args: tuple[Any, ...], stream: int) -> None:
+        """One grid-stride launch over ``n`` elements, ``vec`` per thread per step."""
+        per_sm = BLOCKS_PER_SM.get(element_size, DEFAULT_BLOCKS_PER_SM)
+        blocks = max(1, min(-(-n // (THREADS * vec)), per_sm * self._sms))
+        with self._cupy.cuda.Device(self._device):
+            self._function(source, name)((blocks,), (THREADS,), args, stream=self._stream(stream))
 
     def add(self, own: torch.Tensor, rows: torch.Tensor, op: str, world_size: int,
             stream: int) -> None:
@@ -100,14 +114,51 @@ class Kernels:
         if k == 0:
             return
         width = 16 // own.element_size()
-        aligned = (own.data_ptr() % 16 == 0 and rows.data_ptr() % 16 == 0 and k % width == 0)
-        vec = width if aligned else 1
-        per_sm = BLOCKS_PER_SM.get(own.element_size(), DEFAULT_BLOCKS_PER_SM)
-        blocks = max(1, min(-(-k // (THREADS * vec)), per_sm * self._sms))
-        acc_type = _TYPES[own.dtype][2]
-        with self._cupy.cuda.Device(self._device):
-            self._function(own.dtype, op, vec)(
-                (blocks,), (THREADS,),
-                (np.uint64(own.data_ptr()), np.uint64(rows.data_ptr()), np.int64(k),
-                 np.int32(rows.shape[0]), acc_type(world_size)),
-                stream=self._stream(stream))
+        vec = width if _aligned(k, width, (own, 16), (rows, 16)) else 1
+        elem, acc, acc_type = _TYPES[own.dtype]
+        self._launch("add.cu", f"rr_add<{elem}, {acc}, {_OPS[op]}, {vec}>", k, vec,
+                     own.element_size(),
+                     (np.uint64(own.data_ptr()), np.uint64(rows.data_ptr()), np.int64(k),
+                      np.int32(rows.shape[0]), acc_type(world_size)), stream)
+
+    def add_wire(self, own: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, op: str,
+                 world_size: int, stream: int) -> None:
+        """Unpipelined meaning (ringreduce.add.add_wire): ``own`` (float32) reduced with
+        ``rows`` (R, k) in the wire format, rounded to it once, into ``own`` and ``out``."""
+        k = own.numel()
+        if k == 0:
+            return
+        vec = _WIRE_VEC if _aligned(k, _WIRE_VEC, (own, 16), (rows, 8), (out, 8)) else 1
+        self._launch("add.cu", f"rr_add_wire<{_WIRE[rows.dtype]}, {_OPS[op]}, {vec}>", k, vec,
+                     rows.element_size(),
+                     (np.uint64(own.data_ptr()), np.uint64(rows.data_ptr()),
+                      np.uint64(out.data_ptr()), np.int64(k), np.int32(rows.shape[0]),
+                      np.float32(world_size)), stream)
+
+    def narrow_rows(self, view: torch.Tensor, packed: torch.Tensor, skip: int,
+                    stream: int) -> None:
+        """``packed[i] = view[i + (i >= skip)]`` in the wire format: ``view`` (M, k)
+        float32, ``packed`` (M-1, k) 16-bit."""
+        self._rows("rr_narrow_rows", view, packed, (view, packed), skip, stream)
+
+    def widen_rows(self, packed: torch.Tensor, view: torch.Tensor, skip: int,
+                   stream: int) -> None:
+        """``view[i + (i >= skip)] = packed[i]`` widened to float32 (narrow_rows undone)."""
+        self._rows("rr_widen_rows", view, packed, (packed, view), skip, stream)
+
+    def _rows(self, kernel: str, view: torch.Tensor, packed: torch.Tensor,
+              pointers: tuple[torch.Tensor, torch.Tensor], skip: int, stream: int) -> None:
+        nrows, k = packed.shape
+        if nrows * k == 0:
+            return
+        vec = _WIRE_VEC if _aligned(k, _WIRE_VEC, (view, 16), (packed, 8)) else 1
+        self._launch("wire.cu", f"{kernel}<{_WIRE[packed.dtype]}, {vec}>", nrows * k, vec,
+                     packed.element_size(),
+                     (np.uint64(pointers[0].data_ptr()), np.uint64(pointers[1].data_ptr()),
+                      np.int64(k), np.int32(nrows), np.int32(skip)), stream)
+
+
+def _aligned(k: int, vec: int, *tensors: tuple[torch.Tensor, int]) -> bool:
+    """Whether every row of ``k`` elements is ``vec``-packable: k a multiple of vec,
+    each tensor's start aligned to its pack (bytes)."""
+    return k % vec == 0 and all(t.data_ptr() % align == 0 for t, align in tensors)

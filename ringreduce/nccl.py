@@ -138,7 +138,15 @@ def abort(comm: Comm) -> None:
 #    communicator fails with ncclInvalidArgument, "Attempt to use communicator before the
 #    previous operation returned ncclSuccess" (ncclCommEnsureReady), which nccl4py raises
 #    as NCCLError. So call wait_ready on every communicator after each group_end or
-#    ungrouped collective (group_ready below); in steady state the first poll succeeds.
+#    ungrouped collective (group_ready below).
+#  * The price: NCCL 2.2x (src/group.cc ncclGroupEndInternal) starts a thread for
+#    *every* ncclGroupEnd of a non-blocking group, connected or not, and the group is
+#    in progress until that thread launched the kernels. A 25 MiB call at 2 x 1 (14
+#    groups) cost 3003 us of host time, 1465 us on blocking communicators (H200, NCCL
+#    2.28.9, benchmarks/results/2026-11-23-h200-host). So the communicators that carry
+#    traffic are split off blocking (comm_config), from a non-blocking root: init and
+#    split stay bounded by the deadline, and the watchdog bounds the one blocking wait
+#    left, connection setup inside a call (Config.nccl_blocking).
 #  * ncclCommGetAsyncError reads atomics, so another thread may poll it while this one
 #    issues work (torch's ProcessGroupNCCL watchdog does). ncclCommAbort is local and may
 #    be called at any point on non-blocking communicators, but only while no other thread
@@ -162,11 +170,12 @@ _FIRST_PAUSE_S = 1e-4
 _MAX_PAUSE_S = 1e-2
 
 
-def nonblocking_config(channels_per_net_peer: int | None = None) -> Any:
+def comm_config(channels_per_net_peer: int | None = None, blocking: bool = False) -> Any:
     """Per-communicator settings (ncclConfig_t), so that nothing process-wide changes
     for the user's own NCCL communicators:
-      blocking=False         no NCCL call waits for peers, so a host thread is never
-                             stuck inside NCCL and the watchdog can abort at any time;
+      blocking               False: no NCCL call waits for peers (init, split, and the
+                             root); True: calls return once their kernels are enqueued,
+                             without a helper thread per group (traffic, see above);
       launch_order_implicit  (NCCL >= 2.26) kernels of ringreduce's communicators start
                              on a GPU in host issue order. Stages use four communicators
                              on five streams; without it two GPUs could start them in
@@ -174,7 +183,7 @@ def nonblocking_config(channels_per_net_peer: int | None = None) -> Any:
       n_channels_per_net_peer  how many channels (sockets) send/recv to one network
                              peer may use: the rail stages are send/recv."""
     _require()
-    return _core.NCCLConfig(blocking=False, launch_order_implicit=True,
+    return _core.NCCLConfig(blocking=blocking, launch_order_implicit=True,
                             n_channels_per_net_peer=channels_per_net_peer)
 
 
@@ -229,7 +238,7 @@ def init_nonblocking(world_size: int, rank: int, unique_id: bytes, deadline: flo
     half-made communicator is aborted (no one else holds it) before raising."""
     _require()
     uid = _core.UniqueId.from_bytes(unique_id)
-    comm = _core.Communicator.init(world_size, rank, uid, nonblocking_config())
+    comm = _core.Communicator.init(world_size, rank, uid, comm_config())
     try:
         wait_ready(comm, deadline, f"ncclCommInitRankScalable (rank {rank} of {world_size})")
     except RingReduceError:
@@ -238,14 +247,20 @@ def init_nonblocking(world_size: int, rank: int, unique_id: bytes, deadline: flo
     return comm
 
 
-def split_nonblocking(parent: Comm, color: int, key: int, deadline: float,
-                      channels_per_net_peer: int | None = None) -> Comm:
-    """split() with blocking=False, ready when it returns. On failure the caller must
-    abort ``parent``: that is what stops a split in progress (user guide)."""
-    child = parent.split(color=color, key=key, config=nonblocking_config(channels_per_net_peer))
+def split(parent: Comm, color: int, key: int, deadline: float,
+          channels_per_net_peer: int | None = None, blocking: bool = False) -> Comm:
+    """split() of a non-blocking ``parent``, ready when it returns; the child is
+    ``blocking`` or not. The split runs as a non-blocking group (the parent's mode), so
+    polling the parent bounds it by ``deadline``. On failure the caller must abort
+    ``parent``: that is what stops a split in progress (user guide)."""
+    child = parent.split(color=color, key=key,
+                         config=comm_config(channels_per_net_peer, blocking))
+    what = f"ncclCommSplit (color {color}, key {key})"
     try:
-        wait_ready(parent, deadline, f"ncclCommSplit (color {color}, key {key}), parent")
-        wait_ready(child, deadline, f"ncclCommSplit (color {color}, key {key}), child")
+        wait_ready(parent, deadline, f"{what}, parent")
+        if not child._comm:
+            raise RingReduceError(f"{what}: NCCL returned no communicator")
+        wait_ready(child, deadline, f"{what}, child")  # at once, once the parent is done
     except RingReduceError:
         child.abort()  # a no-op while the handle is still NULL
         raise
@@ -254,8 +269,9 @@ def split_nonblocking(parent: Comm, color: int, key: int, deadline: float,
 
 @contextmanager
 def group_ready(comms: Sequence[Comm], deadline: float, what: str) -> Iterator[None]:
-    """group() for non-blocking communicators: after ncclGroupEnd, wait until every
-    communicator in the group left ncclInProgress (kernels enqueued)."""
+    """A group (ncclGroupStart ... ncclGroupEnd) whose kernels are enqueued when it
+    returns: afterwards, wait until every non-blocking communicator in ``comms`` left
+    ncclInProgress (pass none for blocking ones: their ncclGroupEnd already waited)."""
     _raw.group_start()
     try:
         yield

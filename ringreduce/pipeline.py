@@ -41,6 +41,7 @@ stamp = FlightRecorder.stamp
 
 FLAT = "flat"
 """Stream of the flat all-reduce fast path."""
+_NO_STREAM = contextlib.nullcontext()
 
 
 class CudaStreams:
@@ -241,6 +242,10 @@ def run_steps(steps: Sequence[Step], flat: torch.Tensor, plans: Sequence[SlicePl
         view = s.as(D, M, k); rs(view); collect(view); add(view); diffuse(view); ag(view)
     ``ctx`` carries topology, transport, sync (streams) and buffers."""
     stages = schedule.active_stages(ctx.topo.devices_per_machine)
+    # NCCL calls and native kernels take their stream explicitly; only torch ops (tail
+    # copies; without cupy the add and the wire casts) need it current, and entering a
+    # torch stream context costs host time on every step.
+    torch_ops = ctx.kernels is None
     ios: dict[int, SliceIO] = {}
     for step in steps:
         io = ios.get(step.slice_index)
@@ -249,7 +254,8 @@ def run_steps(steps: Sequence[Step], flat: torch.Tensor, plans: Sequence[SlicePl
                                                  ctx.buffers, ctx.wire)
         ctx.sync.wait(step.stage, step.waits)
         stamp(ctx.record, step.stage, step.slice_index, "start")
-        with ctx.sync.on(step.stage), stage_errors(ctx, step.stage, flat, str(step.slice_index)):
+        on_stream = ctx.sync.on(step.stage) if torch_ops or io.pad is not None else _NO_STREAM
+        with on_stream, stage_errors(ctx, step.stage, flat, str(step.slice_index)):
             if step.stage == stages[0]:
                 io.copy_in()
             _run_stage(step.stage, io.parts, op, ctx)
@@ -265,8 +271,11 @@ def _run_stage(stage: str, parts: Sequence[Part], op: str, ctx: Any) -> None:
     if stage == "add":
         d, m = ctx.topo.device_index, ctx.topo.machine_index
         for p in parts:
-            if p.wire_out is not None:
-                add_wire(p.view[d][m], p.staging, op, ctx.topo.world_size)
+            if p.wire_out is not None and ctx.kernels is not None:
+                ctx.kernels.add_wire(p.view[d][m], p.staging, p.wire_out[0], op,
+                                     ctx.topo.world_size, handle)
+            elif p.wire_out is not None:
+                add_wire(p.view[d][m], p.staging, p.wire_out[0], op, ctx.topo.world_size)
             elif ctx.kernels is not None:
                 ctx.kernels.add(p.view[d][m], p.staging, op, ctx.topo.world_size, handle)
             else:
@@ -299,14 +308,7 @@ def flat_here(t: torch.Tensor, op: str, ctx: Any, stream: int | None) -> None:
 def stage_errors(ctx: Any, stage: str, t: torch.Tensor,
                  slice_index: str = "-") -> contextlib.AbstractContextManager[None]:
     """Failures inside ``stage`` become RingReduceError naming the stage's peers."""
-    topo = ctx.topo
-    if stage == FLAT:
-        peers: Sequence[int] = tuple(range(topo.world_size))
-    elif stage in ("reduce_scatter", "all_gather"):
-        peers = topo.intra_ranks()
-    else:
-        peers = topo.rail_ranks()
-    return _errors(ctx, stage, slice_index, peers, t)
+    return _errors(ctx, stage, slice_index, ctx.topo.peers(stage), t)
 
 
 @contextlib.contextmanager

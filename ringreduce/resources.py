@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import gc
 import logging
 import threading
@@ -28,7 +29,7 @@ from .guard import Guard
 from .pipeline import Buffers, CudaStreams, HostOrder
 from .topology import Topology
 from .transport import GlooTransport, NcclTransport
-from .watchdog import Watchdog
+from .watchdog import Issue, Watchdog
 
 log = logging.getLogger("ringreduce")
 _ABORT_LOCK_WAIT_S = 2.0
@@ -72,6 +73,19 @@ class Resources:
     """Calls issued while the caller was capturing a CUDA graph of its own."""
     divisors: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
     """World size as a 0-dim tensor per float dtype, made once: AVG divides by it."""
+    issuing: tuple[Record, float] | None = None
+    """The call being issued and since when (time.monotonic()); None between calls."""
+
+    def stuck_issue(self) -> Issue | None:
+        """For the watchdog: the call being issued (blocking NCCL calls wait inside it
+        while they connect to a peer), or None."""
+        issuing = self.issuing  # one read: the issuing thread clears it concurrently
+        if issuing is None:
+            return None
+        record, since = issuing
+        stage = getattr(self.transport, "stage", "-")
+        return Issue(record.op_number, f"{record.kind} of {record.numel} x {record.dtype}",
+                     stage, self.topo.peers(stage), since)
 
     def fail(self, exc: RingReduceError, record: Record | None) -> None:
         """A failed operation: poison the Guard (dumps the flight recorder), abort every
@@ -163,7 +177,7 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
     res.guard = Guard(store, rank, world, config.timeout_s, recorder)
     res.rank_order = _rank_order(topo, device)
     if is_cuda:
-        _build_cuda(res, store, config.rail_channels, config.timeout_s, config.graphs)
+        _build_cuda(res, store, config)
     else:
         _build_cpu(res, store, datetime.timedelta(seconds=config.timeout_s))
         res.divisors = _divisors(world, device)
@@ -198,25 +212,29 @@ def _staging_geometry(topo: Topology, slice_bytes: int, budget: int) -> tuple[in
     return slot, max(2, budget // slot)
 
 
-def _build_cuda(res: Resources, store: dist.Store, rail_channels: int | None,
-                timeout_s: float, graphs: int) -> None:
-    topo = res.topo
+def _build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
+    topo, timeout_s = res.topo, config.timeout_s
     if topo.rank == 0:
         store.set("nccl/world", nccl.new_unique_id())
     deadline = time.monotonic() + timeout_s  # a peer that never arrives: an error, no hang
-    world = nccl.init_nonblocking(topo.world_size, topo.rank, store.get("nccl/world"), deadline)
+    root = nccl.init_nonblocking(topo.world_size, topo.rank, store.get("nccl/world"), deadline)
     comms = res.comms
-    comms["world"] = world
+    comms["world"] = root
+    blocking = config.nccl_blocking
     try:
-        # Splits are collective over `world`; every rank makes the same calls in order.
+        # Splits are collective over the root; every rank makes the same calls in order.
+        # The root stays non-blocking (it only splits); with blocking traffic the flat
+        # route gets a blocking copy of it.
+        split = functools.partial(nccl.split, root, deadline=deadline, blocking=blocking)
+        if blocking:
+            comms["root"], comms["world"] = root, split(0, topo.rank)
         if topo.devices_per_machine > 1:
             for stage in ("reduce_scatter", "all_gather"):
-                comms[stage] = nccl.split_nonblocking(world, topo.machine_index,
-                                                      topo.device_index, deadline)
+                comms[stage] = split(topo.machine_index, topo.device_index)
         if topo.machines > 1:
             for stage in ("collect", "diffuse"):
-                comms[stage] = nccl.split_nonblocking(world, topo.device_index,
-                                                      topo.machine_index, deadline, rail_channels)
+                comms[stage] = split(topo.device_index, topo.machine_index,
+                                     channels_per_net_peer=config.rail_channels)
     except RingReduceError:
         for comm in comms.values():  # aborting the parent stops a split in progress
             nccl.abort(comm)
@@ -227,15 +245,17 @@ def _build_cuda(res: Resources, store: dist.Store, rail_channels: int | None,
     elif topo.rank == 0:
         log.warning("cupy is not importable: the add stage uses torch ops instead of the "
                     "fused native/add.cu kernel; install ringreduce[cu12] or [cu13]")
-    res.transport = NcclTransport(topo, comms, timeout_s)
+    res.transport = NcclTransport(topo, comms, timeout_s, blocking, res.kernels)
     res.sync = CudaStreams(res.device, schedule.event_names(
         topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
     res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: _async_error(comms),
-                            on_failure=lambda exc: res.fail(exc, None))
+                            on_failure=lambda exc: res.fail(exc, None),
+                            stuck_issue=res.stuck_issue)
+    res.watchdog.start()  # before the first call: its connection setup may hang
     res.release_steps += [lambda c=c: res.finalize(c, timeout_s) for c in comms.values()]
     res.divisors = _divisors(topo.world_size, res.device)
-    if graphs:
-        res.graphs = GraphCache(graphs, res.device)
+    if config.graphs:
+        res.graphs = GraphCache(config.graphs, res.device)
 
 
 def _divisors(world: int, device: torch.device) -> dict[torch.dtype, torch.Tensor]:

@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+INTRA_STAGES = ("reduce_scatter", "all_gather")
+RAIL_STAGES = ("collect", "add", "diffuse")
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -36,6 +39,16 @@ class Topology:
     def rail_ranks(self) -> tuple[int, ...]:
         """Ranks with this device index, ordered by machine index."""
         return tuple(row[self.device_index] for row in self.ranks)
+
+    def peers(self, stage: str) -> tuple[int, ...]:
+        """Whom a stage's work waits for (named in its errors): the machine for
+        reduce_scatter and all_gather, the rail for collect, add and diffuse, and
+        every rank for anything else (the flat route)."""
+        if stage in INTRA_STAGES:
+            return self.intra_ranks()
+        if stage in RAIL_STAGES:
+            return self.rail_ranks()
+        return tuple(range(self.world_size))
 
     def all_intra(self) -> tuple[tuple[int, ...], ...]:
         return self.ranks

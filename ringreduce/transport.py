@@ -18,6 +18,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -44,48 +45,78 @@ def other_machines(topo: Topology) -> list[int]:
     return [j for j in range(topo.machines) if j != topo.machine_index]
 
 
-def collect_sends(p: Part, d: int, others: Sequence[int]) -> list[torch.Tensor]:
+class WireCasts(Protocol):
+    """The wire casts of native/wire.cu (ringreduce.kernels.Kernels)."""
+
+    def narrow_rows(self, view: torch.Tensor, packed: torch.Tensor, skip: int,
+                    stream: int | None) -> None: ...
+
+    def widen_rows(self, packed: torch.Tensor, view: torch.Tensor, skip: int,
+                   stream: int | None) -> None: ...
+
+
+def collect_sends(p: Part, topo: Topology, others: Sequence[int], casts: WireCasts | None = None,
+                  stream: int | None = None) -> list[torch.Tensor]:
     """What collect sends to each other machine: view[d][j], narrowed to the wire
-    format first when one is in use."""
+    format first when one is in use (by native/wire.cu when ``casts`` are given)."""
+    d, m = topo.device_index, topo.machine_index
     if p.wire_out is None:
         return [p.view[d][j] for j in others]
-    for i, j in enumerate(others):
-        p.wire_out[i].copy_(p.view[d][j])
+    if casts is not None:
+        casts.narrow_rows(p.view[d], p.wire_out, m, stream)
+    else:
+        for i, j in enumerate(others):
+            p.wire_out[i].copy_(p.view[d][j])
     return list(p.wire_out)
 
 
 def diffuse_buffers(p: Part, d: int, m: int,
                     others: Sequence[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(what diffuse sends, where row i arrives). With a wire format the reduced row
-    was already rounded to it by the add stage, so narrowing it here is exact."""
+    """(what diffuse sends, where row i arrives). With a wire format the add stage
+    already wrote the reduced row, rounded, into ``wire_out[0]``."""
     if p.wire_out is None:
         return p.view[d][m], [p.view[d][j] for j in others]
-    p.wire_out[0].copy_(p.view[d][m])
     return p.wire_out[0], list(p.staging)
 
 
-def widen_diffused(p: Part, d: int, others: Sequence[int]) -> None:
+def widen_diffused(p: Part, topo: Topology, others: Sequence[int],
+                   casts: WireCasts | None = None, stream: int | None = None) -> None:
     """With a wire format: the received rows, from the staging slot into the tensor."""
-    if p.wire_out is not None:
-        for i, j in enumerate(others):
-            p.view[d][j].copy_(p.staging[i])
+    if p.wire_out is None:
+        return
+    d = topo.device_index
+    if casts is not None:
+        casts.widen_rows(p.staging, p.view[d], topo.machine_index, stream)
+        return
+    for i, j in enumerate(others):
+        p.view[d][j].copy_(p.staging[i])
 
 
 class NcclTransport:
     """Stage operations on NCCL communicators, one per stage, so that stages of
     different slices run concurrently on their own streams."""
 
-    def __init__(self, topo: Topology, comms: dict[str, nccl.Comm], timeout_s: float) -> None:
+    def __init__(self, topo: Topology, comms: dict[str, nccl.Comm], timeout_s: float,
+                 blocking: bool, casts: WireCasts | None) -> None:
         self.topo = topo
+        self.casts = casts
+        """native/wire.cu's casts; None: torch copies (no cupy)."""
         self.comms = comms
         self.timeout_s = timeout_s
+        self.blocking = blocking
         self.others = other_machines(topo)
+        self.stage = "-"
+        """The communicator of the latest group issued: what the watchdog names when a
+        call never returns from NCCL (Resources.stuck_issue)."""
 
     def _group(self, name: str) -> contextlib.AbstractContextManager[None]:
-        """One NCCL group on communicator ``name``, enqueued when it returns: the
-        communicators are non-blocking, so the first use of a peer (connection setup)
-        is polled here, up to the deadline, before any event follows the work."""
-        return nccl.group_ready([self.comms[name]], time.monotonic() + self.timeout_s,
+        """One NCCL group on communicator ``name``, enqueued when it returns. Blocking
+        communicators return from ncclGroupEnd then (the watchdog bounds the wait when
+        it connects to a peer); non-blocking ones are polled here, to the deadline,
+        before any event follows the work."""
+        self.stage = name
+        return nccl.group_ready([] if self.blocking else [self.comms[name]],
+                                time.monotonic() + self.timeout_s,
                                 f"ncclGroupEnd on the {name} communicator")
 
     def reduce_scatter(self, parts: Sequence[Part], op: str, stream: int) -> None:
@@ -95,8 +126,8 @@ class NcclTransport:
                 nccl.reduce_scatter(comm, p.view, p.view[d], op, stream)
 
     def collect(self, parts: Sequence[Part], stream: int) -> None:
-        d, comm = self.topo.device_index, self.comms["collect"]
-        sends = [collect_sends(p, d, self.others) for p in parts]  # casts on this stream
+        comm = self.comms["collect"]
+        sends = [collect_sends(p, self.topo, self.others, self.casts, stream) for p in parts]
         with self._group("collect"):
             for p, out in zip(parts, sends, strict=True):
                 for i, j in enumerate(self.others):
@@ -105,14 +136,14 @@ class NcclTransport:
 
     def diffuse(self, parts: Sequence[Part], stream: int) -> None:
         d, m, comm = self.topo.device_index, self.topo.machine_index, self.comms["diffuse"]
-        buffers = [diffuse_buffers(p, d, m, self.others) for p in parts]  # casts first
+        buffers = [diffuse_buffers(p, d, m, self.others) for p in parts]
         with self._group("diffuse"):
             for mine, into in buffers:
                 for i, j in enumerate(self.others):
                     nccl.send(comm, mine, j, stream)
                     nccl.recv(comm, into[i], j, stream)
         for p in parts:
-            widen_diffused(p, d, self.others)
+            widen_diffused(p, self.topo, self.others, self.casts, stream)
 
     def all_gather(self, parts: Sequence[Part], stream: int) -> None:
         d, comm = self.topo.device_index, self.comms["all_gather"]
@@ -154,9 +185,8 @@ class GlooTransport:
             p.view[d].copy_(out)
 
     def collect(self, parts: Sequence[Part], stream: None = None) -> None:
-        d = self.topo.device_index
         self._exchange([(i, out[i], p.staging[i]) for p in parts
-                        for out in [collect_sends(p, d, self.others)]
+                        for out in [collect_sends(p, self.topo, self.others)]
                         for i in range(len(self.others))])
 
     def diffuse(self, parts: Sequence[Part], stream: None = None) -> None:
@@ -167,7 +197,7 @@ class GlooTransport:
             moves += [(i, mine, into[i]) for i in range(len(self.others))]
         self._exchange(moves)
         for p in parts:
-            widen_diffused(p, d, self.others)
+            widen_diffused(p, self.topo, self.others)
 
     def all_gather(self, parts: Sequence[Part], stream: None = None) -> None:
         d = self.topo.device_index

@@ -14,6 +14,12 @@ watches what was issued and fails it after a deadline or on an NCCL asynchronous
 
 The engine aborts its communicators, poisons its Guard and dumps the flight recorder in
 ``on_failure``; ``wait_idle`` lets a host wait for outstanding work without hanging.
+
+It also watches the issuing itself (``stuck_issue``): a blocking NCCL call connecting
+to a peer that died or never calls waits on the host, inside the call, before any event
+exists. An issue older than the deadline fails the same way, and the abort is what
+returns the stuck call. For that the thread also wakes while idle, every quarter
+deadline.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .errors import RingReduceError
 
@@ -43,6 +49,17 @@ class Completion(Protocol):
     recorded before it has finished."""
 
     def query(self) -> bool: ...
+
+
+class Issue(NamedTuple):
+    """A call the engine is issuing right now."""
+
+    op_number: int
+    what: str
+    stage: str
+    peers: tuple[int, ...]
+    since: float
+    """time.monotonic() when issuing began."""
 
 
 @dataclass
@@ -70,13 +87,17 @@ class Watchdog:
 
     def __init__(self, timeout_s: float, *, async_error: Callable[[], str | None],
                  on_failure: Callable[[RingReduceError], None],
-                 poll_s: float = DEFAULT_POLL_S, rank: int | None = None) -> None:
+                 poll_s: float = DEFAULT_POLL_S, rank: int | None = None,
+                 stuck_issue: Callable[[], Issue | None] | None = None) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r} must be positive seconds")
         if not poll_s > 0:
             raise ValueError(f"poll_s={poll_s!r} must be positive seconds")
         self.timeout_s, self.poll_s, self.rank = timeout_s, poll_s, rank
         self._async_error, self._on_failure = async_error, on_failure
+        self._stuck_issue = stuck_issue
+        self._idle_s = None if stuck_issue is None else max(poll_s, timeout_s / 4)
+        """How long an idle thread sleeps: forever, unless issues are watched too."""
         self._cond = threading.Condition()
         self._ops: collections.deque[_Op] = collections.deque()
         self._thread: threading.Thread | None = None
@@ -115,11 +136,20 @@ class Watchdog:
                 op.oldest_since = time.monotonic()
                 self._cond.notify_all()  # wake an idle thread; a busy one polls anyway
             self._ops.append(op)
-            if self._thread is None:
-                # Daemon: a process whose peers hang must still be able to exit.
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="ringreduce-watchdog")
-                self._thread.start()
+            self._start_locked()
+
+    def start(self) -> None:
+        """Start the thread now rather than at the first ``watch`` (idempotent)."""
+        with self._cond:
+            if not self._stopping:
+                self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._thread is None:
+            # Daemon: a process whose peers hang must still be able to exit.
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name="ringreduce-watchdog")
+            self._thread.start()
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Block until every watched operation finished (True) or ``timeout_s`` passed
@@ -151,15 +181,16 @@ class Watchdog:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._ops and not self._stopping:
-                    self._cond.wait()  # idle: no polling until work is watched
+                if not self._ops and not self._stopping:
+                    self._cond.wait(self._idle_s)  # idle: a slow look at the issuing only
                 if self._stopping:
                     return
                 ops = list(self._ops)  # only this thread removes, so a snapshot is safe
             try:
                 error = self._check(ops)
             except Exception as exc:  # a watchdog that dies silently would hide hangs
-                error = self._error(ops[0], f"the watchdog itself failed: {exc!r}")
+                error = (self._error(ops[0], f"the watchdog itself failed: {exc!r}") if ops
+                         else RingReduceError(f"the ringreduce watchdog failed: {exc!r}"))
             if error is not None:
                 self._fail(error)
                 return
@@ -176,6 +207,9 @@ class Watchdog:
                 _advance(op)
             except Exception as exc:  # e.g. a sticky CUDA error surfacing in the query
                 return self._error(op, f"querying its completion raised {exc!r}")
+        stuck = self._expired_issue()
+        if stuck is not None or not ops:
+            return stuck
         pending = [op for op in ops if not op.finished()]
         message = self._async_error()
         if message:
@@ -188,6 +222,18 @@ class Watchdog:
                                      "(RINGREDUCE_TIMEOUT); a peer died, hangs, or never "
                                      "made this call")
         return None
+
+    def _expired_issue(self) -> RingReduceError | None:
+        issue = self._stuck_issue() if self._stuck_issue is not None else None
+        if issue is None or time.monotonic() - issue.since <= self.timeout_s:
+            return None
+        where = "" if self.rank is None else f" on rank {self.rank}"
+        return RingReduceError(
+            f"ringreduce stage '{issue.stage}' failed{where} in operation #{issue.op_number} "
+            f"({issue.what}), peers (group ranks) {list(issue.peers)}: issuing it did not "
+            f"return within the deadline of {self.timeout_s:g} s (RINGREDUCE_TIMEOUT); NCCL "
+            "waits inside the call to connect to a peer that died, hangs, or never made "
+            "this call")
 
     def _drop_finished(self) -> None:
         """Under the lock: forget finished operations, start the new oldest's clock."""

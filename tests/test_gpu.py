@@ -19,7 +19,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
 
-from .cases import block_sweep, check_equal, expected, interleaved, rank_input, sizes_for, sweep
+from .cases import (
+    OPS,
+    block_sweep,
+    check_equal,
+    expected,
+    interleaved,
+    rank_input,
+    sizes_for,
+    sweep,
+)
 from .multiproc import run_ranks
 from .test_cpu_api import model, train
 
@@ -64,6 +73,29 @@ def _sweep_worker(rank: int, world: int, machines: int) -> None:
 def test_gpu_every_size_dtype_op_is_exact(machines: int, devices: int) -> None:
     run_ranks(_sweep_worker, machines * devices, machines, backend="nccl",
               env=_env(machines, devices))
+
+
+def _wire_worker(rank: int, world: int, wire: torch.dtype) -> None:
+    """Small integers are 16-bit values too: the wire (native/wire.cu's casts and the
+    wire add) must not change them; slices of 4 KiB give padding tails and many slots."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096, wire_dtype=wire) as comm:
+        sizes = [1, 5, 97, 1000, 4097, (1 << 20) + 3]
+        ops = tuple(o for o in OPS if o != dist.ReduceOp.AVG or world & (world - 1) == 0)
+        sweep(comm, sizes, dev, dtypes=(torch.float32, torch.bfloat16), ops=ops)
+        g = torch.Generator(device=dev).manual_seed(rank)
+        t = torch.randn(1_000_003, device=dev, generator=g)
+        comm.all_reduce(t)
+        assert torch.equal(t, t.to(wire).float()), "results are not wire-format values"
+        hi, lo = t.clone(), t.clone()
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+        assert torch.equal(hi, lo), "ranks disagree: replicas would drift apart"
+
+
+@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16], ids=str)
+def test_gpu_wire_format_is_exact_on_small_integers_and_identical(wire: torch.dtype) -> None:
+    run_ranks(_wire_worker, SMALL[0] * SMALL[1], wire, backend="nccl", env=_env(*SMALL))
 
 
 def _no_sync_worker(rank: int, world: int, graphs: int) -> None:

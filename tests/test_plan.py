@@ -69,6 +69,12 @@ def test_config_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Config.from_env().graphs == 64 and Config().graphs == 0  # replay is opt-in
     with pytest.raises(ValueError, match="graphs=-1"):
         Config(graphs=-1)
+    assert Config().nccl_blocking
+    monkeypatch.setenv("RINGREDUCE_NCCL_BLOCKING", "0")
+    assert not Config.from_env().nccl_blocking
+    monkeypatch.setenv("RINGREDUCE_NCCL_BLOCKING", "maybe")
+    with pytest.raises(ValueError, match="RINGREDUCE_NCCL_BLOCKING='maybe' is not a boolean"):
+        Config.from_env()
 
 
 def test_topology_from_host_ids_groups_by_host() -> None:
@@ -77,6 +83,9 @@ def test_topology_from_host_ids_groups_by_host() -> None:
     assert (t.machines, t.devices_per_machine, t.machine_index, t.device_index) == (2, 3, 1, 1)
     assert t.intra_ranks() == (1, 3, 5) and t.rail_ranks() == (2, 3) and t.rank == 3
     assert t.all_rails() == ((0, 1), (2, 3), (4, 5))
+    assert t.peers("reduce_scatter") == t.peers("all_gather") == (1, 3, 5)
+    assert t.peers("collect") == t.peers("add") == t.peers("diffuse") == (2, 3)
+    assert t.peers("flat") == t.peers("world") == tuple(range(6))
 
 
 def test_topology_rejects_unequal_machines() -> None:

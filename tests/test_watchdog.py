@@ -12,7 +12,7 @@ import pytest
 
 from ringreduce import nccl
 from ringreduce.errors import RingReduceError
-from ringreduce.watchdog import Watchdog
+from ringreduce.watchdog import Issue, Watchdog
 
 POLL = 0.01  # fast polls keep each test well under a second
 PEERS = {"collect": [0, 2], "add": [], "diffuse": [0, 2]}
@@ -223,6 +223,48 @@ def test_watch_from_many_threads() -> None:
     for t in threads:
         t.join()
     assert wd.wait_idle(timeout_s=2.0) and not failures.errors
+    wd.stop()
+
+
+class Issuing:
+    """stuck_issue: the engine's view of the call it is issuing (None between calls)."""
+
+    def __init__(self) -> None:
+        self.issue: Issue | None = None
+
+    def __call__(self) -> Issue | None:
+        return self.issue
+
+
+def test_a_call_stuck_while_issuing_fails_after_the_deadline() -> None:
+    """A blocking NCCL call that never returns (connecting to an absent peer) leaves no
+    event to watch: the watchdog fails it from the issue's start, idle or not."""
+    issuing = Issuing()
+    wd, failures, errors = _watchdog(timeout_s=0.4, stuck_issue=issuing)
+    wd.start()
+    started = time.monotonic()
+    issuing.issue = Issue(7, "all_reduce of 8 x torch.float32", "collect", (0, 2), started)
+    assert failures.called.wait(3.0), "a stuck issue was never failed"
+    assert time.monotonic() - started >= 0.4  # not before the deadline
+    message = str(failures.errors[0])
+    assert "stage 'collect' failed on rank 1 in operation #7" in message, message
+    assert "peers (group ranks) [0, 2]" in message and "issuing it did not return" in message
+    assert errors.calls == 0  # idle: NCCL's async error is polled only with work pending
+    with pytest.raises(RingReduceError, match="issuing it did not return"):
+        wd.wait_idle(timeout_s=2.0)
+
+
+def test_calls_issued_within_the_deadline_never_fail() -> None:
+    issuing = Issuing()
+    wd, failures, _ = _watchdog(timeout_s=0.3, stuck_issue=issuing)
+    wd.start()
+    for n in range(20):  # each issue takes a tenth of the deadline
+        issuing.issue = Issue(n, "all_reduce of 8 x torch.float32", "collect", (0, 2),
+                              time.monotonic())
+        time.sleep(0.03)
+        issuing.issue = None
+    time.sleep(0.5)
+    assert not failures.errors
     wd.stop()
 
 

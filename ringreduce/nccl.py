@@ -14,8 +14,9 @@ stream would serialise against the caller's work).
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -281,16 +282,43 @@ def group_ready(comms: Sequence[Comm], deadline: float, what: str) -> Iterator[N
         wait_ready(comm, deadline, what)
 
 
-def finalize_and_destroy(comm: Comm, deadline: float, abort: bool = True) -> None:
-    """Happy-path close of a non-blocking communicator: ncclCommFinalize, poll to
-    ncclSuccess, ncclCommDestroy (then non-blocking). Raises when finalizing fails or
-    outlives ``deadline`` (a peer that never closes), after aborting unless ``abort``
-    is False (ncclCommAbort waits for live CUDA graphs just as finalizing does)."""
-    comm.finalize()
+def finalize_and_destroy(comm: Comm, deadline: float, abort: bool = True,
+                         blocking: bool = False) -> None:
+    """Happy-path close: ncclCommFinalize, then ncclCommDestroy. A non-blocking
+    communicator is polled to ncclSuccess; a blocking one finalizes on a helper thread,
+    since its ncclCommFinalize does not return while work is outstanding, and NCCL
+    counts a live CUDA graph that captured the communicator as outstanding forever.
+    Raises when finalizing fails or outlives ``deadline`` (a peer that never closes,
+    a live graph), after aborting unless ``abort`` is False (ncclCommAbort waits for
+    live CUDA graphs just as finalizing does). The stuck helper is left to the process."""
     try:
-        wait_ready(comm, deadline, "ncclCommFinalize")
+        if blocking:
+            _bounded(comm.finalize, deadline, "ncclCommFinalize")
+        else:
+            comm.finalize()
+            wait_ready(comm, deadline, "ncclCommFinalize")
     except RingReduceError:
         if abort:
             comm.abort()
         raise
     comm.destroy()
+
+
+def _bounded(call: Callable[[], object], deadline: float, what: str) -> None:
+    """``call()`` on a daemon thread, waited for until ``deadline``; its exception, or
+    RingReduceError when it is still running then."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the waiting thread
+            failure.append(exc)
+
+    helper = threading.Thread(target=run, daemon=True, name="ringreduce-nccl-close")
+    helper.start()
+    helper.join(max(0.0, deadline - time.monotonic()))
+    if helper.is_alive():
+        raise RingReduceError(f"{what}: still in progress at the deadline")
+    if failure:
+        raise RingReduceError(f"{what}: {failure[0]}") from failure[0]

@@ -137,15 +137,16 @@ class Resources:
         """How many calls were captured into CUDA graphs, ours or the caller's."""
         return self.user_captures + (self.graphs.captures if self.graphs is not None else 0)
 
-    def finalize(self, comm: Any, timeout_s: float) -> None:
+    def finalize(self, comm: Any, timeout_s: float, blocking: bool) -> None:
         """Close one NCCL communicator. NCCL frees a communicator only after every CUDA
         graph that captured it is destroyed, and waits for that forever (abort too):
         with captures, wait a grace period, then say what holds it instead of hanging."""
         if not self.captured():
-            nccl.finalize_and_destroy(comm, time.monotonic() + timeout_s)
+            nccl.finalize_and_destroy(comm, time.monotonic() + timeout_s, blocking=blocking)
             return
         try:
-            nccl.finalize_and_destroy(comm, time.monotonic() + _GRAPH_GRACE_S, abort=False)
+            nccl.finalize_and_destroy(comm, time.monotonic() + _GRAPH_GRACE_S, abort=False,
+                                      blocking=blocking)
         except RingReduceError as exc:
             holder = (f"{self.user_captures} call(s) were captured into CUDA graphs of "
                       "yours and one of those graphs is still alive" if self.user_captures
@@ -252,7 +253,8 @@ def _build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
                             on_failure=lambda exc: res.fail(exc, None),
                             stuck_issue=res.stuck_issue)
     res.watchdog.start()  # before the first call: its connection setup may hang
-    res.release_steps += [lambda c=c: res.finalize(c, timeout_s) for c in comms.values()]
+    res.release_steps += [lambda c=c, b=blocking and name != "root": res.finalize(c, timeout_s, b)
+                          for name, c in comms.items()]
     res.divisors = _divisors(topo.world_size, res.device)
     if config.graphs:
         res.graphs = GraphCache(config.graphs, res.device)

@@ -332,19 +332,30 @@ def host_profile(b: Bench, size: int) -> None:
             "new tensor": lambda i: b.comm.all_reduce(fresh[i], op=b.op),
             "nccl": lambda i: dist.all_reduce(same, op=b.op)}
     medians = {name: _host_samples(b, call) for name, call in ways.items()}
+    profiles = {"new tensor": _profiled(b, [inputs(n, b.launch.rank, b)
+                                            for _ in range(_PROFILED)])}
+    if b.comm.config.graphs:  # ``same`` is captured by now: its calls are replays
+        profiles["same tensor"] = _profiled(b, [same] * _PROFILED)
+    if b.launch.rank == 0:
+        for name, (median, low) in medians.items():
+            print(f"# host time per call, {size} bytes, idle pipeline, {name}: median "
+                  f"{median * 1e6:.1f} us (min {low * 1e6:.1f})")
+        for name, profile in profiles.items():
+            print(f"# {name}:")
+            print_profile(profile, _PROFILED)
+
+
+def _profiled(b: Bench, tensors: list[torch.Tensor]) -> cProfile.Profile:
+    """cProfile of one all_reduce per tensor, each on an idle pipeline."""
     profile = cProfile.Profile()
-    for t in [inputs(n, b.launch.rank, b) for _ in range(_PROFILED)]:  # the slow path
+    for t in tensors:
         _sync(b)
         dist.barrier()
         profile.enable()
         b.comm.all_reduce(t, op=b.op)
         profile.disable()
     _sync(b)
-    if b.launch.rank == 0:
-        for name, (median, low) in medians.items():
-            print(f"# host time per call, {size} bytes, idle pipeline, {name}: median "
-                  f"{median * 1e6:.1f} us (min {low * 1e6:.1f})")
-        print_profile(profile, _PROFILED)
+    return profile
 
 
 _PROFILED = 10

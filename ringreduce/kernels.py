@@ -103,8 +103,12 @@ class Kernels:
         """One grid-stride launch over ``n`` elements, ``vec`` per thread per step."""
         per_sm = BLOCKS_PER_SM.get(element_size, DEFAULT_BLOCKS_PER_SM)
         blocks = max(1, min(-(-n // (THREADS * vec)), per_sm * self._sms))
+        fn = self._function(source, name)
+        if self._cupy.cuda.runtime.getDevice() == self._device:  # the usual case: no switch
+            fn((blocks,), (THREADS,), args, stream=self._stream(stream))
+            return
         with self._cupy.cuda.Device(self._device):
-            self._function(source, name)((blocks,), (THREADS,), args, stream=self._stream(stream))
+            fn((blocks,), (THREADS,), args, stream=self._stream(stream))
 
     def add(self, own: torch.Tensor, rows: torch.Tensor, op: str, world_size: int,
             stream: int) -> None:

@@ -1,7 +1,7 @@
 """Replay: repeated hierarchical all-reduces as CUDA graphs (the host-time fix, T6).
 
-Issuing the pipeline from Python costs milliseconds per 25 MiB call (3.4 ms at 2 x 1
-on H200: per slice, NCCL groups, events, views), while data-parallel training
+Issuing the pipeline from Python costs about a millisecond per 25 MiB call (1.2 ms at
+2 x 1 on H200: per slice, NCCL groups, kernel launches, events, views), while data-parallel training
 all-reduces the same gradient buckets, at the same addresses, every step. So, when
 enabled (``graphs=N``, ``RINGREDUCE_GRAPHS``), the second time a communicator sees
 a call with the same (address, numel, dtype, op), it captures the call into a
@@ -23,8 +23,9 @@ Why replay is correct:
 
 The price: a replay does not overlap the previous call's tail the way consecutive
 slow-path calls overlap slice by slice. Measured (benchmarks/results/
-2026-11-23-h200-graphs): host time 3410 -> 196 us per 25 MiB call, but 16 back-to-back
-buckets 1.27x -> 1.11x NCCL and DLRM-style DDP 1.03x -> 0.89x; hence off by default.
+2026-11-23-h200-graphs, -host): host time 3410 -> 196 us per 25 MiB call (192 us against
+about 1200 us once traffic moved to blocking communicators), but 16 back-to-back buckets
+1.27x -> 1.11x NCCL and DLRM-style DDP 1.03x -> 0.89x; hence off by default.
 Overlapping replays would need the slot events captured as external event nodes and
 replays launched on rotating streams (not built).
 """

@@ -7,6 +7,7 @@ killed and the test fails naming it.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import tempfile
@@ -33,7 +34,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'store')}"
         procs = [ctx.Process(target=_entry, daemon=True,
-                             args=(fn, rank, world_size, init, backend, env, args, errors))
+                             args=(fn, rank, world_size, init, backend, env, args, errors,
+                                   timeout))
                  for rank in range(world_size)]
         for p in procs:
             p.start()
@@ -59,7 +61,10 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
 
 
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, init: str, backend: str,
-           env: Env | None, args: tuple[Any, ...], errors: Any) -> None:
+           env: Env | None, args: tuple[Any, ...], errors: Any, timeout: float) -> None:
+    # A rank still running shortly before the deadline prints every thread's stack, so
+    # a hang in CI says where it is (the parent then kills it and fails the test).
+    faulthandler.dump_traceback_later(max(1.0, timeout - 5), exit=False)
     if env is not None:
         os.environ.update(env[rank] if isinstance(env, list) else env)
     torch.set_num_threads(1)  # CI has two cores and up to six ranks

@@ -100,7 +100,8 @@ class Communicator:
                 f"({r.staging_slots} slots), min_bytes={self.config.min_bytes}, "
                 f"rail_channels={self.config.rail_channels or 'nccl default'}, "
                 f"wire={self.config.wire_dtype or 'tensor dtype'}, "
-                f"graphs={self.config.graphs if r.is_cuda else 'n/a (cpu)'}")
+                f"graphs={self.config.graphs if r.is_cuda else 'n/a (cpu)'}, "
+                f"nccl_blocking={int(self.config.nccl_blocking) if r.is_cuda else 'n/a (cpu)'}")
 
     def all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                    async_op: bool = False) -> torch.futures.Future[torch.Tensor] | None:

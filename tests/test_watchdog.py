@@ -335,3 +335,52 @@ def test_wait_ready_polls_until_success(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(RingReduceError, match="still in progress at the deadline"):
         nccl.wait_ready(_Comm(), started + 0.1, "ncclCommInitRankScalable")
     assert time.monotonic() - started < 1.0
+
+
+class _Closing(_Comm):
+    """A communicator whose ncclCommFinalize blocks until ``release`` is set (a blocking
+    communicator that a live CUDA graph or a silent peer holds), or raises ``error``."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.error = error
+        self.calls: list[str] = []
+
+    def finalize(self) -> None:
+        self.calls.append("finalize")
+        if self.error is not None:
+            raise self.error
+        self.release.wait(10.0)
+
+    def abort(self) -> None:
+        self.calls.append("abort")
+
+    def destroy(self) -> None:
+        self.calls.append("destroy")
+
+
+def test_blocking_finalize_is_bounded_by_the_deadline() -> None:
+    stuck = _Closing()
+    started = time.monotonic()
+    with pytest.raises(RingReduceError, match="ncclCommFinalize: still in progress"):
+        nccl.finalize_and_destroy(stuck, started + 0.2, blocking=True)
+    assert 0.2 <= time.monotonic() - started < 2.0
+    assert stuck.calls == ["finalize", "abort"]  # never destroyed while finalizing
+    kept = _Closing()
+    with pytest.raises(RingReduceError):
+        nccl.finalize_and_destroy(kept, time.monotonic() + 0.1, abort=False, blocking=True)
+    assert kept.calls == ["finalize"]  # a live graph: abort would wait for it too
+    stuck.release.set()
+    kept.release.set()
+
+
+def test_blocking_finalize_destroys_once_finished_and_reports_errors() -> None:
+    fine = _Closing()
+    fine.release.set()
+    nccl.finalize_and_destroy(fine, time.monotonic() + 2.0, blocking=True)
+    assert fine.calls == ["finalize", "destroy"]
+    broken = _Closing(error=RuntimeError("ncclInternalError"))
+    with pytest.raises(RingReduceError, match="ncclCommFinalize: ncclInternalError"):
+        nccl.finalize_and_destroy(broken, time.monotonic() + 2.0, blocking=True)
+    assert broken.calls == ["finalize", "abort"]

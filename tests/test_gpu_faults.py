@@ -103,11 +103,18 @@ def test_gpu_rank_killed_mid_operation_becomes_an_error() -> None:
               expect_exit={1: -signal.SIGKILL})
 
 
-def _absent_worker(rank: int, world: int) -> None:
+def _absent_worker(rank: int, world: int, connected: bool) -> None:
+    """Rank 1 stays alive but never makes the next call. ``connected``: after a healthy
+    call; otherwise the survivor's first call must connect to its peer, and blocking NCCL
+    communicators wait for that inside the call, on the host."""
     dev = torch.device("cuda", torch.cuda.current_device())
-    comm = _healthy(dev)
+    if connected:
+        comm = _healthy(dev)
+    else:
+        faulthandler.dump_traceback_later(DEADLINE + SLACK + 30, exit=True)
+        comm = ringreduce.Communicator(min_bytes=0)
     if rank == 1:
-        time.sleep(DEADLINE + SLACK + 5)  # alive, but never makes the next calls
+        time.sleep(DEADLINE + SLACK + 5)
         sys.stdout.flush()
         sys.stderr.flush()
         # Its peer aborted the shared communicators; tearing down its own NCCL state is
@@ -121,26 +128,8 @@ def _absent_worker(rank: int, world: int) -> None:
 
 
 def test_gpu_rank_that_never_calls_becomes_an_error() -> None:
-    run_ranks(_absent_worker, 2, backend="nccl", env=_env_with_deadline(), timeout=180)
-
-
-def _absent_at_setup_worker(rank: int, world: int) -> None:
-    """No call before the fault: the survivor's first call must connect to its peer,
-    and blocking NCCL communicators wait for that inside the call, on the host."""
-    dev = torch.device("cuda", torch.cuda.current_device())
-    faulthandler.dump_traceback_later(DEADLINE + SLACK + 30, exit=True)
-    comm = ringreduce.Communicator(min_bytes=0)
-    if rank == 1:
-        time.sleep(DEADLINE + SLACK + 5)  # alive, but never makes the first call
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    started = time.monotonic()
-    message = _survive(comm, dev)
-    assert "RINGREDUCE_TIMEOUT" in message, message  # the deadline fired, not an error
-    assert time.monotonic() - started >= DEADLINE - 1
-    _leave()
+    run_ranks(_absent_worker, 2, True, backend="nccl", env=_env_with_deadline(), timeout=180)
 
 
 def test_gpu_rank_absent_at_connection_setup_becomes_an_error() -> None:
-    run_ranks(_absent_at_setup_worker, 2, backend="nccl", env=_env_with_deadline(), timeout=180)
+    run_ranks(_absent_worker, 2, False, backend="nccl", env=_env_with_deadline(), timeout=180)

@@ -16,6 +16,16 @@ same group: torch lets a Python process group serve every device.
 An ``allreduce`` the engine does not take (several tensors, another dtype or op such
 as PREMUL_SUM or BAND, a non-contiguous tensor) runs on the device's own backend;
 logged once per reason, never silent.
+
+The collectives torch's trampoline for Python process groups (``PyProcessGroup``)
+routes through ``WORK_OVERRIDE`` are defined here and hand the call to the device's
+backend directly. torch's fallback path calls the backend *holding the GIL*, and gloo
+then deadlocks: its worker thread, holding the work queue's lock, drops the last
+reference to a Python-owned tensor and waits for the GIL, while the caller waits for
+that lock (a hang of ``barrier`` after ``all_gather`` in about one test run in ten;
+gdb showed both stacks; ``test_other_collectives_are_the_backends_and_do_not_deadlock``
+hangs within a few hundred rounds without this). The backend's own bindings release
+the GIL before they take the lock.
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ class RingReduceGroup(dist.ProcessGroup):
             self._register_backend(torch.device("cuda"), _BackendType.NCCL, nccl)
             default = _BackendType.NCCL
         self._set_default_backend(default)
+        self._default_device = torch.device("cuda" if default == _BackendType.NCCL else "cpu")
 
     def getBackendName(self) -> str:
         return NAME
@@ -107,11 +118,61 @@ class RingReduceGroup(dist.ProcessGroup):
                         "(logged once per reason)", reason, device.type)
         return self._get_backend(device).allreduce(tensors, opts)
 
+    def _backend_for(self, args: tuple[Any, ...]) -> Any:
+        """The backend of the device of the first tensor in ``args`` (the default
+        backend's device when there is none, as for ``barrier``)."""
+        tensor = _first_tensor(args)
+        device = tensor.device if tensor is not None else self._default_device
+        return self._get_backend(device)
+
     def shutdown(self) -> None:
         """Close the engines (``destroy_process_group`` calls this)."""
         while self._engines:
             _, engine = self._engines.popitem()
             engine.close()
+
+
+def _first_tensor(args: Any) -> torch.Tensor | None:
+    if isinstance(args, torch.Tensor):
+        return args
+    if isinstance(args, (list, tuple)):
+        for arg in args:
+            found = _first_tensor(arg)
+            if found is not None:
+                return found
+    return None
+
+
+# Process-group method -> the backend method that does the same work. These are the
+# collectives torch's trampoline would run with the GIL held (see the module's
+# docstring); names this torch does not have are skipped.
+_TO_BACKEND = {
+    "allgather": "allgather",
+    "all_gather_single": "_allgather_base",
+    "_allgather_base": "_allgather_base",
+    "allreduce_coalesced": "allreduce_coalesced",
+    "all_to_all_single": "alltoall_base",
+    "alltoall_base": "alltoall_base",
+    "barrier": "barrier",
+    "broadcast": "broadcast",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_single": "_reduce_scatter_base",
+    "_reduce_scatter_base": "_reduce_scatter_base",
+    "send": "send",
+    "recv": "recv",
+}
+
+
+def _to_backend(backend_method: str) -> Any:
+    def method(self: RingReduceGroup, *args: Any, **kwargs: Any) -> Any:
+        backend = self._backend_for((args, tuple(kwargs.values())))
+        return getattr(backend, backend_method)(*args, **kwargs)
+    return method
+
+
+for _name, _backend_method in _TO_BACKEND.items():
+    if hasattr(dist.ProcessGroup, _name):
+        setattr(RingReduceGroup, _name, _to_backend(_backend_method))
 
 
 def create(store: dist.Store, rank: int, size: int,

@@ -63,6 +63,45 @@ def test_backend_all_reduce_goes_through_the_engine(caplog: pytest.LogCaptureFix
     run_ranks(_collectives_worker, 4, backend="ringreduce", env=ENV)
 
 
+def _other_collectives_worker(rank: int, world: int, rounds: int) -> None:
+    """Every collective the group hands to the backend itself, with its result checked,
+    ``rounds`` times. torch's own fallback for these deadlocked about one run in ten
+    (gloo's worker waiting for the GIL while holding its queue lock, the caller holding
+    the GIL and waiting for the lock), so a few hundred rounds would hang without the
+    hand-off; the run's deadline turns a hang into a failure."""
+    for i in range(rounds):
+        gathered = torch.zeros(world * 2)
+        dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank + i)))
+        assert torch.equal(gathered, (torch.arange(world) + i).repeat_interleave(2).float())
+        b = torch.full((3,), float(rank))
+        dist.broadcast(b, src=i % world)
+        assert torch.equal(b, torch.full((3,), float(i % world)))
+        dist.barrier()
+    pieces = [torch.zeros(2) for _ in range(world)]
+    dist.all_gather(pieces, torch.full((2,), float(rank)))
+    assert all(torch.equal(p, torch.full((2,), float(r))) for r, p in enumerate(pieces))
+    scattered = torch.zeros(2)
+    dist.reduce_scatter_tensor(scattered, torch.arange(world * 2, dtype=torch.float32))
+    assert torch.equal(scattered, world * torch.arange(rank * 2, rank * 2 + 2).float())
+    exchanged = torch.zeros(world)
+    dist.all_to_all_single(exchanged, torch.full((world,), float(rank)))
+    assert torch.equal(exchanged, torch.arange(world).float())
+    peer = rank ^ 1
+    got = torch.zeros(2)
+    if rank % 2 == 0:
+        dist.send(torch.full((2,), float(rank)), peer)
+        dist.recv(got, peer)
+    else:
+        dist.recv(got, peer)
+        dist.send(torch.full((2,), float(rank)), peer)
+    assert torch.equal(got, torch.full((2,), float(peer)))
+    assert _group().communicator(CPU).op_number == 0  # none of them was the engine's
+
+
+def test_other_collectives_are_the_backends_and_do_not_deadlock() -> None:
+    run_ranks(_other_collectives_worker, 4, 300, backend="ringreduce", env=ENV, timeout=120)
+
+
 def _ddp_worker(rank: int, world: int) -> None:
     gloo = dist.new_group(backend="gloo")
     reference = train(DDP(model(), bucket_cap_mb=0.01, process_group=gloo), rank, steps=6)

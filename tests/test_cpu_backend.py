@@ -5,6 +5,7 @@ and DDP without a hook trains like DDP on gloo."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -63,43 +64,48 @@ def test_backend_all_reduce_goes_through_the_engine(caplog: pytest.LogCaptureFix
     run_ranks(_collectives_worker, 4, backend="ringreduce", env=ENV)
 
 
-def _other_collectives_worker(rank: int, world: int, rounds: int) -> None:
+def other_collectives(rank: int, world: int, rounds: int,
+                      device: torch.device = CPU) -> None:
     """Every collective the group hands to the backend itself, with its result checked,
     ``rounds`` times. torch's own fallback for these deadlocked about one run in ten
     (gloo's worker waiting for the GIL while holding its queue lock, the caller holding
     the GIL and waiting for the lock), so a few hundred rounds would hang without the
-    hand-off; the run's deadline turns a hang into a failure."""
+    hand-off; the run's deadline turns a hang into a failure. The GPU backend test runs
+    it on CUDA tensors (NCCL's side)."""
+    f32: dict[str, Any] = {"dtype": torch.float32, "device": device}
+    engine_calls = {kind: e.op_number for kind, e in _group()._engines.items()}
     for i in range(rounds):
-        gathered = torch.zeros(world * 2)
-        dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank + i)))
-        assert torch.equal(gathered, (torch.arange(world) + i).repeat_interleave(2).float())
-        b = torch.full((3,), float(rank))
+        gathered = torch.zeros(world * 2, **f32)
+        dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank + i), **f32))
+        assert torch.equal(gathered, (torch.arange(world, **f32) + i).repeat_interleave(2))
+        b = torch.full((3,), float(rank), **f32)
         dist.broadcast(b, src=i % world)
-        assert torch.equal(b, torch.full((3,), float(i % world)))
+        assert torch.equal(b, torch.full((3,), float(i % world), **f32))
         dist.barrier()
-    pieces = [torch.zeros(2) for _ in range(world)]
-    dist.all_gather(pieces, torch.full((2,), float(rank)))
-    assert all(torch.equal(p, torch.full((2,), float(r))) for r, p in enumerate(pieces))
-    scattered = torch.zeros(2)
-    dist.reduce_scatter_tensor(scattered, torch.arange(world * 2, dtype=torch.float32))
-    assert torch.equal(scattered, world * torch.arange(rank * 2, rank * 2 + 2).float())
-    exchanged = torch.zeros(world)
-    dist.all_to_all_single(exchanged, torch.full((world,), float(rank)))
-    assert torch.equal(exchanged, torch.arange(world).float())
+    pieces = [torch.zeros(2, **f32) for _ in range(world)]
+    dist.all_gather(pieces, torch.full((2,), float(rank), **f32))
+    assert all(torch.equal(p, torch.full((2,), float(r), **f32)) for r, p in enumerate(pieces))
+    scattered = torch.zeros(2, **f32)
+    dist.reduce_scatter_tensor(scattered, torch.arange(world * 2, **f32))
+    assert torch.equal(scattered, world * torch.arange(rank * 2, rank * 2 + 2, **f32))
+    exchanged = torch.zeros(world, **f32)
+    dist.all_to_all_single(exchanged, torch.full((world,), float(rank), **f32))
+    assert torch.equal(exchanged, torch.arange(world, **f32))
     peer = rank ^ 1
-    got = torch.zeros(2)
+    got = torch.zeros(2, **f32)
     if rank % 2 == 0:
-        dist.send(torch.full((2,), float(rank)), peer)
+        dist.send(torch.full((2,), float(rank), **f32), peer)
         dist.recv(got, peer)
     else:
         dist.recv(got, peer)
-        dist.send(torch.full((2,), float(rank)), peer)
-    assert torch.equal(got, torch.full((2,), float(peer)))
-    assert _group().communicator(CPU).op_number == 0  # none of them was the engine's
+        dist.send(torch.full((2,), float(rank), **f32), peer)
+    assert torch.equal(got, torch.full((2,), float(peer), **f32))
+    # None of them was the engine's.
+    assert {kind: e.op_number for kind, e in _group()._engines.items()} == engine_calls
 
 
 def test_other_collectives_are_the_backends_and_do_not_deadlock() -> None:
-    run_ranks(_other_collectives_worker, 4, 300, backend="ringreduce", env=ENV, timeout=120)
+    run_ranks(other_collectives, 4, 300, backend="ringreduce", env=ENV, timeout=120)
 
 
 def _ddp_worker(rank: int, world: int) -> None:

@@ -31,6 +31,7 @@ from .cases import (
 )
 from .multiproc import run_ranks
 from .test_cpu_api import model, train
+from .test_cpu_backend import other_collectives
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [
@@ -258,6 +259,7 @@ def _backend_worker(rank: int, world: int) -> None:
     for a, b in zip(got, reference, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert engine.op_number > calls
+    other_collectives(rank, world, 20, dev)  # what the group hands to NCCL's backend
 
 
 class _DistAsComm:

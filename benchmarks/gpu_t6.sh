@@ -4,6 +4,7 @@
 #   slices  host time of a 25 MiB call by slice count (RINGREDUCE_SLICE_BYTES 4 MiB =
 #           7 slices, the default; 13 MiB = 2; 25 MiB = 1), slow path and replay
 #           (RINGREDUCE_GRAPHS=256), and the floor of CUDAGraph.replay() by graph shape
+#   host    host time of a 25 MiB call at the default slices, slow path and replay
 #   nccl    replay() of NCCL's own captured all-reduce against ringreduce's captured
 #           call, with NCCL_GRAPH_MIXING_SUPPORT at its default and at 0, and the
 #           whole replayed call's host time with it at 0
@@ -25,6 +26,11 @@ for part in "${@:-slices nccl}"; do
           RINGREDUCE_SLICE_BYTES=$sb RINGREDUCE_GRAPHS=$g logrun "host_slice${sb}_graphs$g" \
             timeout 90 $E -- -b 25M -e 25M -n 5 -w 2 --host-profile 25M
         done
+      done ;;
+    host)
+      for g in 0 256; do
+        RINGREDUCE_GRAPHS=$g logrun "host_graphs$g" timeout 90 \
+          $E -- -b 25M -e 25M -n 5 -w 2 --host-profile 25M
       done ;;
     nccl)
       logrun nccl_graph_mixing1 timeout 120 $E --script benchmarks/graph_launch.py -- --nccl

@@ -204,7 +204,7 @@ class Communicator:
         """CUDA: ``run`` on the caller's current stream (no stage streams to join).
         Returns the Future (or None) and what the watchdog should watch."""
         if result.numel():
-            run(self._ctx(record), torch.cuda.current_stream().cuda_stream)
+            run(self._ctx(record), self._res.sync.caller().cuda_stream)
         ends = [(record.kind, CALLER)]
         if not async_op:
             return None, ends
@@ -236,7 +236,7 @@ class Communicator:
         if self._route_flat(t):
             record.route = "flat"
             if inline:
-                stream = torch.cuda.current_stream().cuda_stream if res.is_cuda else None
+                stream = res.sync.caller().cuda_stream if res.is_cuda else None
                 flat_here(t.view(-1), op, ctx, stream)
                 return ""
             res.sync.enter()
@@ -321,7 +321,7 @@ class Communicator:
         topo, done = res.topo, []
         for label, stream in ends:
             event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream() if stream == CALLER
+            event.record(res.sync.caller() if stream == CALLER
                          else res.sync.streams[stream])
             done.append((label, event, topo.peers(stream)))
         res.watchdog.watch(record.op_number, f"{record.kind} of {record.numel} x {record.dtype}",

@@ -118,10 +118,11 @@ class Config:
     captured the second time the same tensor (address, size, dtype, op) comes back, as
     DDP's buckets do every step; graphs.py says why that is safe. Off by default, from
     measurement (2 x 1 on one H200, 20 Gbit/s cap, benchmarks/results/
-    2026-11-23-h200-graphs, -host): host time per 25 MiB call drops from about 1200 us
-    to 192 us, but replays do not overlap one another, so 16 back-to-back buckets ran 1.11x NCCL
-    against 1.27x without, and DLRM-style DDP 0.89x against 1.03x. Turn it on where
-    the host, not the link, is the bottleneck (many small slices, a busy CPU)."""
+    2026-11-23-h200-graphs, -host, -t6): host time per 25 MiB call drops from about
+    1200 us to 123-181 us, but replays do not overlap one another, so 16 back-to-back
+    buckets ran 1.11x NCCL against 1.27x without, and DLRM-style DDP 0.89x against
+    1.03x. Turn it on where the host, not the link, is the bottleneck (many small
+    slices, a busy CPU)."""
 
     nccl_blocking: bool = True
     """CUDA only: the communicators that carry traffic are blocking NCCL communicators

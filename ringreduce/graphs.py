@@ -23,8 +23,10 @@ Why replay is correct:
 
 The price: a replay does not overlap the previous call's tail the way consecutive
 slow-path calls overlap slice by slice. Measured (benchmarks/results/
-2026-11-23-h200-graphs, -host): host time 3410 -> 196 us per 25 MiB call (192 us against
-about 1200 us once traffic moved to blocking communicators), but 16 back-to-back buckets
+2026-11-23-h200-graphs, -host, -t6): host time 3410 -> 196 us per 25 MiB call (192 us
+against about 1200 us once traffic moved to blocking communicators; 123-181 us since the
+caller's stream is looked up by device index; a graph holding NCCL costs ~40 us per
+captured communicator to launch, one without 3 us), but 16 back-to-back buckets
 1.27x -> 1.11x NCCL and DLRM-style DDP 1.03x -> 0.89x; hence off by default.
 Overlapping replays would need the slot events captured as external event nodes and
 replays launched on rotating streams (not built).

@@ -25,7 +25,9 @@ reference to a Python-owned tensor and waits for the GIL, while the caller waits
 that lock (a hang of ``barrier`` after ``all_gather`` in about one test run in ten;
 gdb showed both stacks; ``test_other_collectives_are_the_backends_and_do_not_deadlock``
 hangs within a few hundred rounds without this). The backend's own bindings release
-the GIL before they take the lock.
+the GIL before they take the lock. Left on torch's path: the coalesced all-gather and
+reduce-scatter (``all_gather_single_coalesced``, ``reduce_scatter_single_coalesced``),
+which gloo's Python binding does not offer to hand them to.
 """
 
 from __future__ import annotations

@@ -108,6 +108,45 @@ def test_other_collectives_are_the_backends_and_do_not_deadlock() -> None:
     run_ranks(other_collectives, 4, 300, backend="ringreduce", env=ENV, timeout=120)
 
 
+def _torch_apis_worker(rank: int, world: int) -> None:
+    """What users call besides the collectives: object collectives, rooted collectives,
+    batched point-to-point, and a subgroup (its own ringreduce engine)."""
+    objs: list[object] = [None] * world
+    dist.all_gather_object(objs, {"rank": rank})
+    assert objs == [{"rank": r} for r in range(world)], objs
+    sent: list[object] = [20 if rank == 2 else None]
+    dist.broadcast_object_list(sent, src=2)
+    assert sent == [20], sent
+    t = torch.full((3,), float(rank))
+    dist.reduce(t, dst=0)
+    assert rank != 0 or torch.equal(t, torch.full((3,), float(sum(range(world)))))
+    gathered = [torch.zeros(2) for _ in range(world)] if rank == 1 else None
+    dist.gather(torch.full((2,), float(rank)), gathered, dst=1)
+    assert gathered is None or all(torch.equal(g, torch.full((2,), float(r)))
+                                   for r, g in enumerate(gathered))
+    piece = torch.zeros(2)
+    dist.scatter(piece, [torch.full((2,), float(r)) for r in range(world)] if rank == 0 else None,
+                 src=0)
+    assert torch.equal(piece, torch.full((2,), float(rank)))
+    peer, got = rank ^ 1, torch.zeros(2)
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((2,), float(rank)), peer),
+                                        dist.P2POp(dist.irecv, got, peer)]):
+        work.wait()
+    assert torch.equal(got, torch.full((2,), float(peer)))
+    pair = dist.new_group([0, 1])
+    if rank < 2:
+        assert isinstance(pair, RingReduceGroup)
+        x = torch.full((5,), float(rank + 1))
+        dist.all_reduce(x, group=pair)
+        assert torch.equal(x, torch.full((5,), 3.0))
+        assert pair.communicator(CPU).op_number == 1  # the subgroup's own engine
+    dist.barrier()
+
+
+def test_torch_apis_work_on_the_backend() -> None:
+    run_ranks(_torch_apis_worker, 4, backend="ringreduce", env=ENV)
+
+
 def _ddp_worker(rank: int, world: int) -> None:
     gloo = dist.new_group(backend="gloo")
     reference = train(DDP(model(), bucket_cap_mb=0.01, process_group=gloo), rank, steps=6)

@@ -14,6 +14,8 @@ what the consumer saw and what stream semantics would give:
   latest_record    producer graph replayed twice, a consumer graph after each on its
                    own stream: does each consumer wait for the record launched just
                    before it (stream semantics), or for an older or newer one?
+  self_cycle       a graph that waits on E, then records E itself: does its wait
+                   see the record launched before it, not its own (which would hang)?
   no_wait          control: the consumer graph without the wait (must see 0 or the
                    test cannot tell)
 
@@ -132,6 +134,24 @@ def main() -> None:
     torch.cuda.synchronize()
     results.append(("latest_record, first consumer", out[0].item(), 1.0))
     results.append(("latest_record, second consumer", out[1].item(), 2.0))
+
+    def relay_body(s: torch.cuda.Stream) -> None:
+        wait_external(s, event)
+        out[0].copy_(flag[0])
+        flag.add_(1)
+        record_external(event, s)
+    relay = capture(relay_body)
+    reset()
+    with torch.cuda.stream(a):
+        produce(flag)
+        event.record(a)
+    with torch.cuda.stream(b):
+        relay.replay()
+    with torch.cuda.stream(c):
+        take1.replay()
+    torch.cuda.synchronize()
+    results.append(("self_cycle, the graph itself", out[0].item(), 1.0))
+    results.append(("self_cycle, a consumer after it", out[1].item(), 2.0))
 
     reset()
     with torch.cuda.stream(a):

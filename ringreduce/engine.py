@@ -204,7 +204,9 @@ class Communicator:
         """CUDA: ``run`` on the caller's current stream (no stage streams to join).
         Returns the Future (or None) and what the watchdog should watch."""
         if result.numel():
-            run(self._ctx(record), self._res.sync.caller().cuda_stream)
+            caller = self._res.sync.caller()
+            self._res.sync.join_replay(caller)  # a replay may still use the communicators
+            run(self._ctx(record), caller.cuda_stream)
         ends = [(record.kind, CALLER)]
         if not async_op:
             return None, ends
@@ -292,7 +294,7 @@ class Communicator:
         graph = graphs.get(key)
         if graph is None and graphs.seen_before(key):
             def issue() -> None:
-                with self._res.sync.capturing():
+                with self._res.sync.capturing(external=True):
                     if self._execute(t, op, record):
                         self._res.sync.leave()  # joins every stage stream into the capture
             graph = graphs.capture(key, issue)
@@ -301,12 +303,16 @@ class Communicator:
     def _replay(self, graph: Any, t: torch.Tensor, async_op: bool,
                 record: Record) -> tuple[Any, list[tuple[str, str]]]:
         record.route = "hierarchical (graph)"
-        self._res.sync.replay(graph)
-        ends = [("replay", CALLER)]
+        sync = self._res.sync
+        stream = sync.replay(graph)
+        ends = [("replay", stream)]
         if not async_op:
+            sync.leave()  # the caller's stream waits for the replay's end (done)
             return None, ends
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
-        fut.set_result(t)  # records an event on the caller's stream, after the replay
+        sync.adopt(t, (stream,))
+        with sync.on(stream):  # the Future records an event on the replay stream
+            fut.set_result(t)
         return fut, ends
 
     def _ctx(self, record: Record) -> _Context:

@@ -49,6 +49,19 @@ def padding_free(slot: int) -> str:
     return f"padding_free[{slot}]"
 
 
+def tail(stage: str) -> str:
+    """Recorded after a call's last work on ``stage``; the next call's first work there
+    waits on it. Streams order eager calls by themselves; a replayed graph runs on a
+    stream of its own and needs the edge (CudaStreams keeps these to captures)."""
+    return f"tail[{SHORT[stage]}]"
+
+
+def crosses_calls(name: str) -> bool:
+    """Events one call records for a later call: slot releases and stage tails (a
+    captured graph records and waits on them as external event nodes)."""
+    return name.startswith(("staging_free", "padding_free", "tail"))
+
+
 @dataclass(frozen=True)
 class Step:
     """Issue ``stage`` of slice ``slice_index`` on the stage's stream."""
@@ -105,8 +118,14 @@ def _step(i: int, stage: str, stages: tuple[str, ...], position: int, staging: i
         waits.append(edge(stages[position - 1], stage))
     if stage == "collect":
         waits.append(staging_free(staging))  # collect is the first writer of the slot
+    if i == 0:
+        # After the previous call's last work on this stage. Last: in a capture, a
+        # stream joins it through an earlier wait, and only then takes external ones.
+        waits.append(tail(stage))
     if stage == slot_reader:
         records.append(staging_free(staging))  # the last reader of the slot
+    if last_slice:
+        records.append(tail(stage))
     if position + 1 < len(stages):
         records.append(edge(stage, stages[position + 1]))
     else:
@@ -124,6 +143,7 @@ def event_names(devices: int, staging_slots: int, padding_slots: int) -> tuple[s
     names += [edge(a, b) for a, b in itertools.pairwise(stages)]
     names += [staging_free(s) for s in range(staging_slots)]
     names += [padding_free(p) for p in range(padding_slots)]
+    names += [tail(stage) for stage in stages]
     return tuple(names)
 
 

@@ -113,11 +113,16 @@ def test_schedule_links_stages_and_reuses_slots_in_order(devices: int) -> None:
             if w.startswith("staging_free"):
                 prev = recorded.get(w)  # must be the add of the slice 3 slots earlier
                 assert prev is None or prev == (s.slice_index - 3, "add"), (s, prev)
+            elif w.startswith("tail"):  # the previous call's last work on this stage
+                assert s.slice_index == 0 and w == schedule.tail(s.stage) and w not in recorded
             elif w != schedule.ENTRY and not w.startswith("padding_free"):
                 assert recorded[w] == (s.slice_index, stages[stages.index(s.stage) - 1])
         for r in s.records:
             recorded[r] = (s.slice_index, s.stage)
-    assert steps[0].waits[0] == schedule.ENTRY and schedule.DONE in steps[-1].records
+    assert schedule.ENTRY in steps[0].waits and schedule.DONE in steps[-1].records
+    assert {r for s in steps for r in s.records if r.startswith("tail")} == \
+        {r for s in steps if s.slice_index == 6 for r in s.records if r.startswith("tail")} == \
+        {schedule.tail(stage) for stage in stages}
     assert all(s.padding_slot == 1 for s in steps if s.slice_index == 6)
     assert all(s.padding_slot is None for s in steps if s.slice_index < 6)
     names = set(schedule.event_names(devices, 3, 2))

@@ -116,13 +116,12 @@ class Config:
     """CUDA only: keep up to this many repeated hierarchical all-reduces as CUDA graphs
     and replay them (``RINGREDUCE_GRAPHS``; 0, the default, never captures). A call is
     captured the second time the same tensor (address, size, dtype, op) comes back, as
-    DDP's buckets do every step; graphs.py says why that is safe. Off by default, from
-    measurement (2 x 1 on one H200, 20 Gbit/s cap, benchmarks/results/
-    2026-11-23-h200-graphs, -host, -t6): host time per 25 MiB call drops from about
-    1200 us to 123-181 us, but replays do not overlap one another, so 16 back-to-back
-    buckets ran 1.11x NCCL against 1.27x without, and DLRM-style DDP 0.89x against
-    1.03x. Turn it on where the host, not the link, is the bottleneck (many small
-    slices, a busy CPU)."""
+    DDP's buckets do every step; graphs.py says why that is safe. Measured (2 x 1 on
+    one H200, 20 Gbit/s cap, benchmarks/results/2026-11-23-h200-t6, -overlap): host time
+    per 25 MiB call about 1200 us -> 123-181 us, 16 back-to-back buckets 1.27x NCCL (1.24x
+    eager), DLRM-style DDP 0.99x (hook). Opt-in: in a stream of back-to-back calls on
+    the same tensors the host waited for the device with replay (graphs.py says when),
+    which eager calls never do."""
 
     nccl_blocking: bool = True
     """CUDA only: the communicators that carry traffic are blocking NCCL communicators

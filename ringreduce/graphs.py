@@ -14,22 +14,37 @@ Why replay is correct:
     reads and writes exactly the caller's tensor; staging and padding memory are
     allocated once and never move, and the capture allocates nothing on the default
     path (the 16-bit wire path allocates inside the graph's private pool).
-  * Replays are ordered with every other call by the ``done`` event (pipeline.py,
-    CudaStreams.replay): a replay waits for the previous call's end and records its
-    own, and the next call issued the slow way waits for it before its first stage.
-    So two calls never use a staging slot at once, from whatever streams they came.
+  * A replay is ordered with the calls around it the way eager calls are, slice by
+    slice (pipeline.CudaStreams). In the capture, the waits and records that cross
+    calls (a staging or padding slot's release, each stage's last work: the stage
+    "tails") become external event nodes on the communicator's named events. CUDA
+    honours those exactly as streams honour events: a wait sees the last record
+    launched before it (benchmarks/graph_events.py, results 2026-11-23-h200-overlap).
+    So a replay's slice i waits only for its slot and for the previous call's work on
+    the same stage (one NCCL communicator each, whose order every rank must share).
+    Replays alternate between two streams, so consecutive ones can overlap.
+  * Eager calls do not record the tails (each stage's stream orders them), so a
+    replay after an eager call waits for that call's ``done`` first, and eager work on
+    the stage communicators after a replay waits for the replay's ``done``.
+  * CUDA runs the launches of one graph one after another, so a tensor replayed twice
+    back to back never has two replays in flight.
   * NCCL keeps a communicator alive while any graph that captured it exists (its
     ncclCommDestroy waits for them), so closing drops these graphs first.
 
-The price: a replay does not overlap the previous call's tail the way consecutive
-slow-path calls overlap slice by slice. Measured (benchmarks/results/
-2026-11-23-h200-graphs, -host, -t6): host time 3410 -> 196 us per 25 MiB call (192 us
-against about 1200 us once traffic moved to blocking communicators; 123-181 us since the
-caller's stream is looked up by device index; a graph holding NCCL costs ~40 us per
-captured communicator to launch, one without 3 us), but 16 back-to-back buckets
-1.27x -> 1.11x NCCL and DLRM-style DDP 1.03x -> 0.89x; hence off by default.
-Overlapping replays would need the slot events captured as external event nodes and
-replays launched on rotating streams (not built).
+Measured (benchmarks/results/2026-11-23-h200-graphs, -host, -t6, -overlap; 2 x 1 on one
+H200, 20 Gbit/s cap):
+  * Host time per 25 MiB call: about 1200 us eager, 123-181 us replayed. A graph holding
+    NCCL costs ~40 us per captured communicator to launch, one without 3 us.
+  * 16 back-to-back 25 MiB buckets: 1.27x NCCL replayed against 1.24x eager in the same
+    run. Replays that waited for the whole previous call ran 1.11x.
+  * DLRM-style DDP, replayed: hook 0.99x, backend 0.97x NCCL, identical losses. The
+    serialised replays ran 0.89x.
+  * In that bucket stream the host waits for the device when replayed (14.6 ms per call,
+    about the device's time per call). Eager calls there run ahead: 1.4 ms per call. Each
+    of the 16 graphs is launched again while its previous launch may still be queued; that
+    this is the cause is likely but not proven. DDP launches each bucket's graph once per
+    step, long after the last launch ended. A loop that all-reduces the same tensor
+    asynchronously would stall the host, so replay stays opt-in.
 """
 
 from __future__ import annotations

@@ -95,38 +95,71 @@ def main() -> None:
             record_external(event, s)
         return capture(body)
 
-    def eager_producer() -> None:
+    def reset() -> None:
+        torch.cuda.synchronize()
+        flag.zero_()
+        out.fill_(-1)
+        torch.cuda.synchronize()
+
+    results = []
+    take0, take1, blind = consumer(0, True), consumer(1, True), consumer(0, False)
+    producer = producer_graph()
+
+    reset()
+    with torch.cuda.stream(a):
         produce(flag)
         event.record(a)
+    with torch.cuda.stream(b):
+        take0.replay()
+    torch.cuda.synchronize()
+    results.append(("eager_to_graph", out[0].item(), 1.0))
+
+    reset()
+    with torch.cuda.stream(a):
+        producer.replay()
+    with torch.cuda.stream(b):
+        take0.replay()
+    torch.cuda.synchronize()
+    results.append(("graph_to_graph", out[0].item(), 1.0))
+
+    reset()
+    with torch.cuda.stream(a):
+        producer.replay()
+    with torch.cuda.stream(b):
+        take0.replay()
+    with torch.cuda.stream(a):
+        producer.replay()
+    with torch.cuda.stream(c):
+        take1.replay()
+    torch.cuda.synchronize()
+    results.append(("latest_record, first consumer", out[0].item(), 1.0))
+    results.append(("latest_record, second consumer", out[1].item(), 2.0))
 
     def relay_body(s: torch.cuda.Stream) -> None:
         wait_external(s, event)
         out[0].copy_(flag[0])
         flag.add_(1)
         record_external(event, s)
+    relay = capture(relay_body)
+    reset()
+    with torch.cuda.stream(a):
+        produce(flag)
+        event.record(a)
+    with torch.cuda.stream(b):
+        relay.replay()
+    with torch.cuda.stream(c):
+        take1.replay()
+    torch.cuda.synchronize()
+    results.append(("self_cycle, the graph itself", out[0].item(), 1.0))
+    results.append(("self_cycle, a consumer after it", out[1].item(), 2.0))
 
-    take0, take1, blind = consumer(0, True), consumer(1, True), consumer(0, False)
-    producer, relay = producer_graph(), capture(relay_body)
-    cases: list[tuple[str, list[tuple[torch.cuda.Stream, Callable[[], object]]], list[float]]] = [
-        ("eager_to_graph", [(a, eager_producer), (b, take0.replay)], [1.0]),
-        ("graph_to_graph", [(a, producer.replay), (b, take0.replay)], [1.0]),
-        ("latest_record", [(a, producer.replay), (b, take0.replay),
-                           (a, producer.replay), (c, take1.replay)], [1.0, 2.0]),
-        ("self_cycle", [(a, eager_producer), (b, relay.replay), (c, take1.replay)], [1.0, 2.0]),
-        ("no_wait (control)", [(a, producer.replay), (b, blind.replay)], [0.0]),
-    ]
-    results = []
-    for name, launches, want in cases:
-        torch.cuda.synchronize()
-        flag.zero_()
-        out.fill_(-1)
-        torch.cuda.synchronize()
-        for stream, launch in launches:
-            with torch.cuda.stream(stream):
-                launch()
-        torch.cuda.synchronize()
-        for slot, value in enumerate(want):
-            results.append((f"{name}, out[{slot}]", out[slot].item(), value))
+    reset()
+    with torch.cuda.stream(a):
+        producer.replay()
+    with torch.cuda.stream(b):
+        blind.replay()
+    torch.cuda.synchronize()
+    results.append(("no_wait (control)", out[0].item(), 0.0))
 
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     print(f"{'case':<34} {'saw':>5} {'stream semantics':>17} {'same':>5}")

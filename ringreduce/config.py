@@ -49,7 +49,11 @@ _ENV = {
     "wire_dtype": "RINGREDUCE_WIRE_DTYPE",
     "graphs": "RINGREDUCE_GRAPHS",
     "nccl_blocking": "RINGREDUCE_NCCL_BLOCKING",
+    "issuer": "RINGREDUCE_ISSUER",
 }
+
+#: Who issues a CUDA call's hierarchical work (Config.issuer).
+ISSUERS = ("native", "python")
 
 #: 16-bit formats float32 tensors may take on the network hop (collect, diffuse).
 WIRE_DTYPES = ("bfloat16", "float16")
@@ -134,12 +138,25 @@ class Config:
     one wait a blocking communicator adds, connection setup inside the first call to
     a peer, is bounded by the watchdog, which also watches calls being issued."""
 
+    issuer: str | None = None
+    """CUDA only: ``"native"`` (a C++ worker thread per Communicator replays each call's
+    recorded program without the GIL; ringreduce/native.py) or ``"python"`` (the
+    pipeline is issued from Python on the caller's thread) (``RINGREDUCE_ISSUER``).
+    ``None``: native when the extension ringreduce._native is built and the
+    communicators are blocking (``nccl_blocking``), else python. Captures (the caller's
+    and ringreduce's own graphs), the flat route and the block collectives are always
+    issued from Python, on the calling thread. ``python -m ringreduce.info`` says which
+    issuer a CUDA call would use and why."""
+
     def __post_init__(self) -> None:
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"wire_dtype={self.wire_dtype!r} is not supported; use one of "
                              f"{WIRE_DTYPES} or None")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s={self.timeout_s!r} must be positive seconds")
+        if self.issuer is not None and self.issuer not in ISSUERS:
+            raise ValueError(f"issuer={self.issuer!r} is not supported; use one of {ISSUERS} "
+                             "or None (native when built)")
         if self.flight_records < 0:
             raise ValueError(f"flight_records={self.flight_records!r} must be >= 0")
         for name in ("machines", "slice_bytes", "rail_channels"):
@@ -179,7 +196,7 @@ def _parse(var: str, raw: str, default: object) -> object:
     try:
         if isinstance(default, float):
             return float(raw)
-        if var in ("RINGREDUCE_FLIGHT_FILE", "RINGREDUCE_WIRE_DTYPE"):
+        if var in ("RINGREDUCE_FLIGHT_FILE", "RINGREDUCE_WIRE_DTYPE", "RINGREDUCE_ISSUER"):
             return raw
         return int(raw, 0)
     except ValueError:

@@ -101,7 +101,8 @@ class Communicator:
                 f"rail_channels={self.config.rail_channels or 'nccl default'}, "
                 f"wire={self.config.wire_dtype or 'tensor dtype'}, "
                 f"graphs={self.config.graphs if r.is_cuda else 'n/a (cpu)'}, "
-                f"nccl_blocking={int(self.config.nccl_blocking) if r.is_cuda else 'n/a (cpu)'}")
+                f"nccl_blocking={int(self.config.nccl_blocking) if r.is_cuda else 'n/a (cpu)'}, "
+                f"issuer={'native' if r.native is not None else 'python'}")
 
     def all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                    async_op: bool = False) -> torch.futures.Future[torch.Tensor] | None:
@@ -203,6 +204,8 @@ class Communicator:
                       result: torch.Tensor) -> tuple[Any, list[tuple[str, str]]]:
         """CUDA: ``run`` on the caller's current stream (no stage streams to join).
         Returns the Future (or None) and what the watchdog should watch."""
+        if self._res.native is not None:
+            self._res.native.drain()  # its queued calls are issued before this one
         if result.numel():
             caller = self._res.sync.caller()
             self._res.sync.join_replay(caller)  # a replay may still use the communicators
@@ -256,8 +259,18 @@ class Communicator:
         return schedule.active_stages(topo.devices_per_machine)[-1]
 
     def _issue_cuda(self, t: torch.Tensor, op: str, async_op: bool,
-                    record: Record) -> tuple[Any, list[tuple[str, str]]]:
-        if torch.cuda.is_current_stream_capturing():  # the caller's own CUDA graph
+                    record: Record) -> tuple[Any, list[tuple[str, Any]]]:
+        capturing = torch.cuda.is_current_stream_capturing()
+        native = self._res.native
+        if native is not None:  # native.py; captures and graphs stay on this thread
+            if not capturing and self._res.graphs is None and t.numel() \
+                    and not self._route_flat(t):
+                record.route = "hierarchical (native)"
+                fut, ends, self._cursor = native.issue(t, op, async_op, self._cursor,
+                                                       lambda: self._ctx(record))
+                return fut, ends
+            native.drain()  # Python issues next: the worker's calls must come first
+        if capturing:  # the caller's own CUDA graph
             self._res.user_captures += 1  # closing must then wait for it (resources.py)
             with self._res.sync.capturing():
                 return self._issue_now(t, op, async_op, record)
@@ -326,6 +339,9 @@ class Communicator:
             return  # a captured graph's work runs at replay; events recorded now mean nothing
         topo, done = res.topo, []
         for label, stream in ends:
+            if not isinstance(stream, str):  # the native issuer's completion (native.py)
+                done.append((label, stream, topo.peers(label)))
+                continue
             event = torch.cuda.Event()
             event.record(res.sync.caller() if stream == CALLER
                          else res.sync.streams[stream])

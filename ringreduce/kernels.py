@@ -72,6 +72,9 @@ class Kernels:
         self._arch = f"sm_{major}{minor}"
         self._sms = torch.cuda.get_device_properties(self._device).multi_processor_count
         self._functions: dict[tuple[str, str], Any] = {}
+        self.emit: Any = None
+        """A recorder (ringreduce.native.Recorder): launches are written into a native
+        program instead of run (a copy of this object records, see native.py)."""
         self._streams: dict[int, Any] = {}
         numeric = (source_dir() / "numeric.cuh").read_text()
         self._sources = {name: numeric + (source_dir() / name).read_text()
@@ -104,6 +107,9 @@ class Kernels:
         per_sm = BLOCKS_PER_SM.get(element_size, DEFAULT_BLOCKS_PER_SM)
         blocks = max(1, min(-(-n // (THREADS * vec)), per_sm * self._sms))
         fn = self._function(source, name)
+        if self.emit is not None:
+            self.emit.launch(fn, blocks, THREADS, args, stream)
+            return
         if self._cupy.cuda.runtime.getDevice() == self._device:  # the usual case: no switch
             fn((blocks,), (THREADS,), args, stream=self._stream(stream))
             return

@@ -181,6 +181,11 @@ class CudaStreams:
         assert event is not None, "leave() before the call's last stage recorded done"
         self.caller().wait_event(event)
 
+    @staticmethod
+    def copy(stage: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """A tail copy on ``stage``'s stream, which the caller made current."""
+        dst.copy_(src)
+
     def adopt(self, t: torch.Tensor, stages: Sequence[str]) -> None:
         """Tell the caching allocator that our streams use ``t`` (async calls)."""
         for s in stages:
@@ -211,6 +216,10 @@ class HostOrder:
 
     def leave(self) -> None:
         pass
+
+    @staticmethod
+    def copy(stage: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
 
     def adopt(self, t: torch.Tensor, stages: Sequence[str]) -> None:
         pass
@@ -281,15 +290,15 @@ class SliceIO:
             self.pad = buffers.padding(step.padding_slot, flat.dtype, wire)
             self.parts.append(self.pad)
 
-    def copy_in(self) -> None:
+    def copy_in(self, sync: Any, stage: str) -> None:
         """Tail into the padding slot. The slot's other elements are left as they
         are: their results are never read back."""
         if self.pad is not None and self.tail is not None:
-            self.pad.view.view(-1)[:self.tail.numel()].copy_(self.tail)
+            sync.copy(stage, self.pad.view.view(-1)[:self.tail.numel()], self.tail)
 
-    def copy_out(self) -> None:
+    def copy_out(self, sync: Any, stage: str) -> None:
         if self.pad is not None and self.tail is not None:
-            self.tail.copy_(self.pad.view.view(-1)[:self.tail.numel()])
+            sync.copy(stage, self.tail, self.pad.view.view(-1)[:self.tail.numel()])
 
 
 _EXTERNAL = 0x01
@@ -343,10 +352,10 @@ def run_steps(steps: Sequence[Step], flat: torch.Tensor, plans: Sequence[SlicePl
         on_stream = ctx.sync.on(step.stage) if torch_ops or io.pad is not None else _NO_STREAM
         with on_stream, stage_errors(ctx, step.stage, flat, str(step.slice_index)):
             if step.stage == stages[0]:
-                io.copy_in()
+                io.copy_in(ctx.sync, step.stage)
             _run_stage(step.stage, io.parts, op, ctx)
             if step.stage == stages[-1]:
-                io.copy_out()
+                io.copy_out(ctx.sync, step.stage)
                 del ios[step.slice_index]
         ctx.sync.record(step.stage, step.records)
         stamp(ctx.record, step.stage, step.slice_index, "end")

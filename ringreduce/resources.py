@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import kernels, layout, nccl, schedule, topology
+from . import kernels, layout, native, nccl, schedule, topology
 from .config import Config, host_identity
 from .errors import RingReduceError
 from .flight import FlightRecorder, Record
@@ -73,6 +73,9 @@ class Resources:
     """Calls issued while the caller was capturing a CUDA graph of its own."""
     divisors: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
     """World size as a 0-dim tensor per float dtype, made once: AVG divides by it."""
+    native: Any = None
+    """The native issuer (native.NativeIssuer: a worker thread issues hierarchical CUDA
+    calls); None: every call is issued from Python."""
     issuing: tuple[Record, float] | None = None
     """The call being issued and since when (time.monotonic()); None between calls."""
 
@@ -98,6 +101,9 @@ class Resources:
             self.guard.fail(exc, record)
             if self.comms and not self.aborted:
                 self.aborted = True
+                if self.native is not None and not self.native.stop():
+                    log.warning("ringreduce: aborting while the native issuer is inside "
+                                "NCCL or CUDA (stuck behind the failed operation)")
                 if not locked:
                     log.warning("ringreduce: aborting while the issuing thread is inside "
                                 "NCCL or CUDA (stuck behind the failed operation)")
@@ -117,6 +123,8 @@ class Resources:
         otherwise let issued work finish, then destroy."""
         if self.graphs is not None:
             self.graphs.clear()
+        if self.native is not None:
+            self.native.close()  # issues what is queued (after a failure: flags only)
         if self.watchdog is not None:
             if self.guard.failure is None:
                 with contextlib.suppress(RingReduceError):  # on_failure aborted everything
@@ -258,6 +266,24 @@ def _build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
     res.divisors = _divisors(topo.world_size, res.device)
     if config.graphs:
         res.graphs = GraphCache(config.graphs, res.device)
+    _build_native(res, config)
+
+
+def _build_native(res: Resources, config: Config) -> None:
+    """The native issuer when it can run (native.why_not), else the Python issuer; an
+    explicit issuer='native' that cannot run is an error, the default a logged fallback."""
+    why = native.why_not(config, True, config.nccl_blocking, res.kernels is not None)
+    if not why:
+        wire = getattr(torch, config.wire_dtype) if config.wire_dtype else None
+        try:
+            res.native = native.NativeIssuer(res, wire)
+            return
+        except (RingReduceError, RuntimeError) as exc:
+            why = str(exc)
+    if config.issuer == "native":
+        raise RingReduceError(f"issuer='native' (RINGREDUCE_ISSUER) cannot run: {why}")
+    if res.topo.rank == 0:
+        log.info("ringreduce: CUDA calls are issued from Python: %s", why)
 
 
 def _divisors(world: int, device: torch.device) -> dict[torch.dtype, torch.Tensor]:

@@ -18,7 +18,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,10 @@ from torch._C import _distributed_c10d as c10d
 
 from . import nccl
 from .topology import Topology
+
+NcclCalls = Any
+"""What NcclTransport calls NCCL through: the nccl module, or a recorder with the same
+functions (ringreduce.native.RecordedNccl) that writes them into a native program."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,9 @@ class NcclTransport:
     different slices run concurrently on their own streams."""
 
     def __init__(self, topo: Topology, comms: dict[str, nccl.Comm], timeout_s: float,
-                 blocking: bool, casts: WireCasts | None) -> None:
+                 blocking: bool, casts: WireCasts | None, calls: NcclCalls = nccl) -> None:
         self.topo = topo
+        self.calls = calls
         self.casts = casts
         """native/wire.cu's casts; None: torch copies (no cupy)."""
         self.comms = comms
@@ -115,7 +120,7 @@ class NcclTransport:
         it connects to a peer); non-blocking ones are polled here, to the deadline,
         before any event follows the work."""
         self.stage = name
-        return nccl.group_ready([] if self.blocking else [self.comms[name]],
+        return self.calls.group_ready([] if self.blocking else [self.comms[name]],
                                 time.monotonic() + self.timeout_s,
                                 f"ncclGroupEnd on the {name} communicator")
 
@@ -123,7 +128,7 @@ class NcclTransport:
         d, comm = self.topo.device_index, self.comms["reduce_scatter"]
         with self._group("reduce_scatter"):
             for p in parts:  # in place: recv is the d-th block of send
-                nccl.reduce_scatter(comm, p.view, p.view[d], op, stream)
+                self.calls.reduce_scatter(comm, p.view, p.view[d], op, stream)
 
     def collect(self, parts: Sequence[Part], stream: int) -> None:
         comm = self.comms["collect"]
@@ -131,8 +136,8 @@ class NcclTransport:
         with self._group("collect"):
             for p, out in zip(parts, sends, strict=True):
                 for i, j in enumerate(self.others):
-                    nccl.send(comm, out[i], j, stream)
-                    nccl.recv(comm, p.staging[i], j, stream)
+                    self.calls.send(comm, out[i], j, stream)
+                    self.calls.recv(comm, p.staging[i], j, stream)
 
     def diffuse(self, parts: Sequence[Part], stream: int) -> None:
         d, m, comm = self.topo.device_index, self.topo.machine_index, self.comms["diffuse"]
@@ -140,8 +145,8 @@ class NcclTransport:
         with self._group("diffuse"):
             for mine, into in buffers:
                 for i, j in enumerate(self.others):
-                    nccl.send(comm, mine, j, stream)
-                    nccl.recv(comm, into[i], j, stream)
+                    self.calls.send(comm, mine, j, stream)
+                    self.calls.recv(comm, into[i], j, stream)
         for p in parts:
             widen_diffused(p, self.topo, self.others, self.casts, stream)
 
@@ -149,23 +154,23 @@ class NcclTransport:
         d, comm = self.topo.device_index, self.comms["all_gather"]
         with self._group("all_gather"):
             for p in parts:  # in place: send is the d-th block of recv
-                nccl.all_gather(comm, p.view[d], p.view, stream)
+                self.calls.all_gather(comm, p.view[d], p.view, stream)
 
     def flat_all_reduce(self, t: torch.Tensor, op: str, stream: int) -> None:
         with self._group("world"):
-            nccl.all_reduce(self.comms["world"], t, op, stream)
+            self.calls.all_reduce(self.comms["world"], t, op, stream)
 
     def reduce_scatter_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor, op: str,
                             stream: int) -> None:
         """recv = block ``rank`` of the reduction of ``send`` over ``comm``'s ranks."""
         with self._group(comm):
-            nccl.reduce_scatter(self.comms[comm], send, recv, op, stream)
+            self.calls.reduce_scatter(self.comms[comm], send, recv, op, stream)
 
     def all_gather_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor,
                         stream: int) -> None:
         """recv = every rank's ``send`` of ``comm``, in its rank order."""
         with self._group(comm):
-            nccl.all_gather(self.comms[comm], send, recv, stream)
+            self.calls.all_gather(self.comms[comm], send, recv, stream)
 
 
 class GlooTransport:

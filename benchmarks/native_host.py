@@ -1,0 +1,130 @@
+"""Host time and CPU per call: the native issuer against the Python issuer and NCCL.
+
+    python3 benchmarks/emulate.py --physical-gpus 1 --machines 2 --gpus-per-machine 2 \\
+        --mode loopback --script benchmarks/native_host.py -- --size 25M
+
+Every rank builds two Communicators (RINGREDUCE_ISSUER=native, then =python) over the
+same process group, and measures in one run, interleaved per round:
+  * host time of one call on an idle pipeline (the caller's time until the call
+    returns), synchronous and ``async_op=True``, median of ``--calls`` samples;
+  * CPU per call (getrusage of the whole process: every thread, NCCL's proxies and
+    the native worker) and busy cores over ``--calls`` back-to-back calls, the host
+    waiting for the device once at the end;
+  * exactness: small integers, each way against NCCL's own all-reduce, bit for bit.
+Rank 0 prints one table; every rank asserts exactness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import ringreduce
+from ringreduce.bench import parse_size
+from ringreduce.launch import Launch, run_ranks
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def idle_host_us(call: Callable[[], object], samples: int, device: torch.device) -> float:
+    """Median host time of ``call`` with nothing queued before it."""
+    times = []
+    for _ in range(samples):
+        torch.cuda.synchronize(device)
+        dist.barrier()
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize(device)
+    return statistics.median(times) * 1e6
+
+
+def stream_cost(call: Callable[[], object], calls: int,
+                device: torch.device) -> tuple[float, float, float]:
+    """(host us per call, CPU ms per call, busy cores) over back-to-back calls."""
+    torch.cuda.synchronize(device)
+    dist.barrier()
+    cpu, wall = _cpu_s(), time.perf_counter()
+    host = 0.0
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        host += time.perf_counter() - start
+    torch.cuda.synchronize(device)
+    cpu, wall = _cpu_s() - cpu, time.perf_counter() - wall
+    return host / calls * 1e6, cpu / calls * 1e3, cpu / wall
+
+
+def rank_body(launch: Launch, device: torch.device, size: int, calls: int) -> None:
+    n = size // 4
+    comms = {}
+    for issuer in ("native", "python"):
+        os.environ["RINGREDUCE_ISSUER"] = issuer  # read once, at construction (config.py)
+        comms[issuer] = ringreduce.Communicator()
+        assert comms[issuer].describe().endswith(f"issuer={issuer}"), comms[issuer].describe()
+    base = ((torch.arange(n, device=device) * 7 + launch.rank * 3) % 11 - 5).float()
+    reference = base.clone()
+    dist.all_reduce(reference)
+    for name, comm in comms.items():  # exact, sync and async, twice (programs replayed)
+        for async_op in (False, True, False, True):
+            t = base.clone()
+            fut = comm.all_reduce(t, async_op=async_op)
+            if fut is not None:
+                fut.wait()
+            torch.cuda.synchronize(device)
+            assert torch.equal(t, reference), f"{name} async={async_op}: wrong result"
+    x = base.clone()
+    ways: dict[str, Callable[[], object]] = {
+        "nccl sync": lambda: dist.all_reduce(x),
+        "nccl async": lambda: dist.all_reduce(x, async_op=True),
+    }
+    for name, comm in comms.items():
+        ways[f"{name} sync"] = lambda c=comm: c.all_reduce(x)
+        ways[f"{name} async"] = lambda c=comm: c.all_reduce(x, async_op=True)
+    for call in ways.values():  # warm: programs traced for every slot position
+        for _ in range(80):
+            call()
+    torch.cuda.synchronize(device)
+    rows = {}
+    for name, call in ways.items():
+        idle = idle_host_us(call, calls, device)
+        rows[name] = (idle, *stream_cost(call, calls, device))
+    for comm in comms.values():
+        comm.wait_idle()
+        comm.close()
+    if launch.rank == 0:
+        world = dist.get_world_size()
+        print(f"# {torch.cuda.get_device_name(device)}, {world} ranks, {size} bytes fp32, "
+              f"{calls} samples; host_idle: median host time on an idle pipeline; "
+              f"stream: {calls} back-to-back calls (host per call, CPU per call, busy cores)")
+        print(f"{'way':<16} {'host_idle_us':>13} {'stream_host_us':>15} {'cpu_ms_call':>12} "
+              f"{'busy_cores':>11}")
+        for name, (idle, host, cpu, cores) in rows.items():
+            print(f"{name:<16} {idle:>13.1f} {host:>15.1f} {cpu:>12.2f} {cores:>11.2f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--machines", type=int, default=None, help="(emulate.py passes it)")
+    p.add_argument("--size", type=parse_size, default=25 * 2**20)
+    p.add_argument("--calls", type=int, default=32)
+    args = p.parse_args()
+    run_ranks(lambda launch, device: rank_body(launch, device, args.size, args.calls))
+
+
+if __name__ == "__main__":
+    main()

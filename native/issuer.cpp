@@ -1,0 +1,748 @@
+// ringreduce._native: replays a recorded call program from a worker thread, no GIL.
+//
+// The Python issuer (ringreduce/pipeline.py) walks a call's plan and makes ~100 CUDA and
+// NCCL calls from Python: about 1.2 ms of the caller's host time per 25 MiB call. Here
+// the same sequence, recorded once per plan key (ringreduce/native.py), is a flat array
+// of instructions that one thread per Communicator issues while the caller returns.
+//
+// No torch, no CUDA or NCCL headers: the few prototypes used are declared below, and
+// libcuda.so.1 and the libnccl the process already loaded (path passed from Python) are
+// opened with dlopen when a CUDA Issuer is made. So one build serves every torch and
+// CUDA release, and CI (gcc, no CUDA) compiles and tests the CPU-side parts: program
+// encoding and validation, the queue and the worker's lifecycle (NOP/FAIL instructions).
+//
+// Ordering without a host wait: the caller records a per-call entry event (a ring, so a
+// later call never re-records one the worker has not waited on yet) on its stream, and
+// enqueues cuStreamWaitValue32(flag >= seq) on the stream that must follow the result.
+// The program's last instruction writes seq into the flag (mapped pinned memory, so the
+// host reads completion too) on the flag stream, the stream of the last stage. On a
+// failure the worker stores the first error and still writes every job's flag, in order
+// on that same stream, so no stream waits forever and the flag never goes backwards.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// ---- CUDA driver and NCCL prototypes (cuda.h, nccl.h), opaque handles only ----------
+using CUresult = int;
+using CUstream = void*;
+using CUevent = void*;
+using CUfunction = void*;
+using CUcontext = void*;
+using CUdeviceptr = unsigned long long;
+using ncclComm_t = void*;
+using ncclResult = int;
+
+struct Cuda {
+    CUresult (*ctxGetCurrent)(CUcontext*);
+    CUresult (*ctxSetCurrent)(CUcontext);
+    CUresult (*eventCreate)(CUevent*, unsigned);
+    CUresult (*eventDestroy)(CUevent);
+    CUresult (*eventRecord)(CUevent, CUstream);
+    CUresult (*streamWaitEvent)(CUstream, CUevent, unsigned);
+    CUresult (*launchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void**, void**);
+    CUresult (*memcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*writeValue32)(CUstream, CUdeviceptr, uint32_t, unsigned);
+    CUresult (*waitValue32)(CUstream, CUdeviceptr, uint32_t, unsigned);
+    CUresult (*memHostAlloc)(void**, size_t, unsigned);
+    CUresult (*memHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
+    CUresult (*memFreeHost)(void*);
+    CUresult (*getErrorString)(CUresult, const char**);
+};
+
+struct Nccl {
+    ncclResult (*groupStart)();
+    ncclResult (*groupEnd)();
+    ncclResult (*send)(const void*, size_t, int, int, ncclComm_t, CUstream);
+    ncclResult (*recv)(void*, size_t, int, int, ncclComm_t, CUstream);
+    ncclResult (*reduceScatter)(const void*, void*, size_t, int, int, ncclComm_t, CUstream);
+    ncclResult (*allGather)(const void*, void*, size_t, int, ncclComm_t, CUstream);
+    ncclResult (*allReduce)(const void*, void*, size_t, int, int, ncclComm_t, CUstream);
+    const char* (*getErrorString)(ncclResult);
+};
+
+constexpr unsigned kEventDisableTiming = 0x2;      // CU_EVENT_DISABLE_TIMING
+constexpr unsigned kWaitGeq = 0x0;                 // CU_STREAM_WAIT_VALUE_GEQ (cyclic)
+constexpr unsigned kHostAllocFlags = 0x1 | 0x2;    // PORTABLE | DEVICEMAP
+constexpr int kEntryRing = 256;                    // entry events in flight per issuer
+constexpr int kMaxKernelArgs = 16;
+
+// ---- The instruction set (ringreduce/native.py packs the same layout) --------------
+// Each instruction is 9 little-endian int64: op, stage, reloc, a0..a5. Bit i of reloc
+// set: a_i is an offset into the caller's tensor (added to the job's base pointer).
+enum Op : int64_t {
+    NOP = 0,            // a0: microseconds to sleep (tests of the queue)
+    FAIL = 1,           // tests: the worker fails here, as after an NCCL error
+    WAIT_EVENT = 2,     // a0 stream, a1 event (0: the job's entry event)
+    RECORD_EVENT = 3,   // a0 stream, a1 event
+    GROUP_START = 4,
+    GROUP_END = 5,
+    SEND = 6,           // a0 comm, a1 buffer, a2 count, a3 dtype, a4 peer, a5 stream
+    RECV = 7,           // same
+    REDUCE_SCATTER = 8, // a0 comm, a1 send, a2 recv, a3 recv count, a4 dtype | op << 8, a5 stream
+    ALL_GATHER = 9,     // a0 comm, a1 send, a2 recv, a3 send count, a4 dtype, a5 stream
+    ALL_REDUCE = 10,    // a0 comm, a1 send, a2 recv, a3 count, a4 dtype | op << 8, a5 stream
+    LAUNCH = 11,        // a0 function, a1 grid, a2 block, a3 first arg, a4 arg count, a5 stream
+    MEMCPY = 12,        // a0 dst, a1 src, a2 bytes, a3 stream
+    WRITE_FLAG = 13,    // the job's seq into the flag, on the flag stream
+    OP_COUNT = 14,
+};
+
+const char* const kOpNames[OP_COUNT] = {
+    "nop", "fail", "wait_event", "record_event", "group_start", "group_end", "send", "recv",
+    "reduce_scatter", "all_gather", "all_reduce", "launch", "memcpy", "write_flag"};
+
+struct Instr {
+    int64_t op, stage, reloc, a[6];
+};
+static_assert(sizeof(Instr) == 72, "9 int64 per instruction");
+
+// Kernel arguments: pairs (size | reloc << 8, value); value holds the bytes, low first.
+struct Arg {
+    int64_t kind, value;
+};
+
+struct Program {
+    PyObject_HEAD
+    std::vector<Instr>* code;
+    std::vector<Arg>* args;
+    int64_t extent;
+    bool needs_cuda;
+};
+
+// ---- Program: validated once, when Python builds it ---------------------------------
+bool uses_cuda(int64_t op) { return op >= WAIT_EVENT; }
+
+std::string validate(const std::vector<Instr>& code, const std::vector<Arg>& args,
+                     int64_t extent) {
+    int depth = 0;
+    for (size_t i = 0; i < code.size(); ++i) {
+        const Instr& in = code[i];
+        std::string at = "instruction " + std::to_string(i);
+        if (in.op < 0 || in.op >= OP_COUNT) return at + ": unknown op " + std::to_string(in.op);
+        if (in.reloc & ~int64_t{0x3f}) return at + ": reloc mask out of range";
+        for (int b = 0; b < 6; ++b)
+            if ((in.reloc >> b & 1) && (in.a[b] < 0 || in.a[b] >= extent))
+                return at + ": tensor offset " + std::to_string(in.a[b]) + " outside 0.." +
+                       std::to_string(extent);
+        if (in.op == GROUP_START && ++depth > 1) return at + ": nested NCCL group";
+        if (in.op == GROUP_END && --depth < 0) return at + ": group_end without group_start";
+        if (depth && !(in.op >= GROUP_START && in.op <= ALL_REDUCE))
+            return at + ": " + kOpNames[in.op] + " inside an NCCL group";
+        if (in.op == LAUNCH) {
+            if (in.a[4] < 0 || in.a[4] > kMaxKernelArgs || in.a[3] < 0 ||
+                in.a[3] + in.a[4] > static_cast<int64_t>(args.size()))
+                return at + ": kernel arguments out of range";
+            if (in.a[1] <= 0 || in.a[2] <= 0 || in.a[1] > INT32_MAX || in.a[2] > 1024)
+                return at + ": bad launch shape";
+            for (int64_t j = in.a[3]; j < in.a[3] + in.a[4]; ++j) {
+                int64_t size = args[j].kind & 0xff;
+                if (size != 4 && size != 8) return at + ": kernel argument of size " +
+                                                   std::to_string(size);
+                if ((args[j].kind >> 8 & 1) && (args[j].value < 0 || args[j].value >= extent))
+                    return at + ": kernel pointer offset outside the tensor";
+            }
+        }
+        if ((in.op >= SEND && in.op <= ALL_REDUCE) && in.a[0] == 0) return at + ": null comm";
+    }
+    if (depth) return "program ends inside an NCCL group";
+    return "";
+}
+
+void program_dealloc(Program* self) {
+    delete self->code;
+    delete self->args;
+    Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+int program_init(Program* self, PyObject* a, PyObject* kw) {
+    static const char* names[] = {"code", "args", "extent", nullptr};
+    Py_buffer code, args;
+    long long extent;
+    if (!PyArg_ParseTupleAndKeywords(a, kw, "y*y*L", const_cast<char**>(names), &code, &args,
+                                     &extent))
+        return -1;
+    std::string problem;
+    if (code.len % sizeof(Instr)) problem = "code is not a whole number of instructions";
+    if (args.len % sizeof(Arg)) problem = "args is not a whole number of arguments";
+    if (extent < 0) problem = "negative extent";
+    if (problem.empty()) {
+        delete self->code;
+        delete self->args;
+        self->code = new std::vector<Instr>(code.len / sizeof(Instr));
+        self->args = new std::vector<Arg>(args.len / sizeof(Arg));
+        std::memcpy(self->code->data(), code.buf, code.len);
+        std::memcpy(self->args->data(), args.buf, args.len);
+        self->extent = extent;
+        problem = validate(*self->code, *self->args, extent);
+        self->needs_cuda = false;
+        for (const Instr& in : *self->code) self->needs_cuda |= uses_cuda(in.op);
+    }
+    PyBuffer_Release(&code);
+    PyBuffer_Release(&args);
+    if (!problem.empty()) {
+        PyErr_SetString(PyExc_ValueError, ("invalid ringreduce program: " + problem).c_str());
+        return -1;
+    }
+    return 0;
+}
+
+PyObject* program_counts(Program* self, PyObject*) {
+    PyObject* d = PyDict_New();
+    std::vector<long> n(OP_COUNT, 0);
+    for (const Instr& in : *self->code) ++n[in.op];
+    for (int i = 0; i < OP_COUNT; ++i) {
+        if (!n[i]) continue;
+        PyObject* v = PyLong_FromLong(n[i]);
+        PyDict_SetItemString(d, kOpNames[i], v);
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+Py_ssize_t program_len(Program* self) { return static_cast<Py_ssize_t>(self->code->size()); }
+
+PyMethodDef program_methods[] = {
+    {"counts", reinterpret_cast<PyCFunction>(program_counts), METH_NOARGS,
+     "Instructions by op name."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PySequenceMethods program_seq = {reinterpret_cast<lenfunc>(program_len)};
+
+PyTypeObject ProgramType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// ---- The issuer: one worker thread, a queue of jobs ----------------------------------
+struct Job {
+    PyObject* program;  // a Program, referenced (released under the GIL by the caller)
+    const Program* p;
+    uint64_t base;
+    uint32_t seq;
+    CUevent entry;
+};
+
+struct Failure {
+    bool set = false;
+    uint32_t seq = 0;
+    int64_t stage = -1;
+    int64_t index = -1;
+    std::string message;
+};
+
+struct State {
+    Cuda cuda{};
+    Nccl nccl{};
+    bool has_cuda = false;
+    CUcontext ctx = nullptr;
+    CUstream flag_stream = nullptr;
+    volatile uint32_t* flag = nullptr;  // mapped pinned memory
+    CUdeviceptr flag_dev = 0;
+    std::vector<CUevent> entries;
+
+    std::mutex mu;
+    std::condition_variable cv;       // worker: new job or closing
+    std::condition_variable idle_cv;  // callers: a job was issued
+    std::deque<Job> queue;
+    std::vector<PyObject*> finished;  // programs to release (under the GIL, by callers)
+    uint32_t submitted = 0;
+    std::atomic<uint32_t> issued{0};
+    std::atomic<bool> poisoned{false};  // stop issuing: communicators are being aborted
+    std::atomic<bool> in_call{false};   // inside a CUDA or NCCL call right now
+    bool closing = false;
+    Failure failure;                    // under mu
+    std::atomic<bool> failed{false};    // failure.set, readable without mu
+    std::thread worker;
+};
+
+template <typename F>
+bool load(void* lib, const char* const* names, F* fn, std::string& err) {
+    for (const char* const* n = names; *n; ++n) {
+        void* sym = dlsym(lib, *n);
+        if (sym) {
+            *fn = reinterpret_cast<F>(sym);
+            return true;
+        }
+    }
+    err += std::string(" ") + names[0];
+    return false;
+}
+
+#define SYM(lib, field, ...)                                           \
+    do {                                                               \
+        static const char* const n_[] = {__VA_ARGS__, nullptr};        \
+        load(lib, n_, &(field), missing);                              \
+    } while (0)
+
+std::string open_cuda(State& s, const char* libcuda, const char* libnccl) {
+    void* cu = dlopen(libcuda, RTLD_NOW | RTLD_GLOBAL);
+    if (!cu) return std::string("dlopen ") + libcuda + ": " + dlerror();
+    void* nc = dlopen(libnccl, RTLD_NOW | RTLD_GLOBAL);
+    if (!nc) return std::string("dlopen ") + libnccl + ": " + dlerror();
+    std::string missing;
+    Cuda& c = s.cuda;
+    SYM(cu, c.ctxGetCurrent, "cuCtxGetCurrent");
+    SYM(cu, c.ctxSetCurrent, "cuCtxSetCurrent");
+    SYM(cu, c.eventCreate, "cuEventCreate");
+    SYM(cu, c.eventDestroy, "cuEventDestroy_v2", "cuEventDestroy");
+    SYM(cu, c.eventRecord, "cuEventRecord");
+    SYM(cu, c.streamWaitEvent, "cuStreamWaitEvent");
+    SYM(cu, c.launchKernel, "cuLaunchKernel");
+    SYM(cu, c.memcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
+    SYM(cu, c.writeValue32, "cuStreamWriteValue32_v2", "cuStreamWriteValue32");
+    SYM(cu, c.waitValue32, "cuStreamWaitValue32_v2", "cuStreamWaitValue32");
+    SYM(cu, c.memHostAlloc, "cuMemHostAlloc");
+    SYM(cu, c.memHostGetDevicePointer, "cuMemHostGetDevicePointer_v2");
+    SYM(cu, c.memFreeHost, "cuMemFreeHost");
+    SYM(cu, c.getErrorString, "cuGetErrorString");
+    Nccl& n = s.nccl;
+    SYM(nc, n.groupStart, "ncclGroupStart");
+    SYM(nc, n.groupEnd, "ncclGroupEnd");
+    SYM(nc, n.send, "ncclSend");
+    SYM(nc, n.recv, "ncclRecv");
+    SYM(nc, n.reduceScatter, "ncclReduceScatter");
+    SYM(nc, n.allGather, "ncclAllGather");
+    SYM(nc, n.allReduce, "ncclAllReduce");
+    SYM(nc, n.getErrorString, "ncclGetErrorString");
+    if (!missing.empty()) return "missing symbols:" + missing;
+    return "";
+}
+
+std::string cu_error(const State& s, CUresult r, const char* what) {
+    const char* text = nullptr;
+    if (s.cuda.getErrorString) s.cuda.getErrorString(r, &text);
+    return std::string(what) + " failed: CUDA error " + std::to_string(r) + " (" +
+           (text ? text : "?") + ")";
+}
+
+std::string nccl_error(const State& s, ncclResult r, const char* what) {
+    return std::string(what) + " failed: NCCL error " + std::to_string(r) + " (" +
+           (s.nccl.getErrorString ? s.nccl.getErrorString(r) : "?") + ")";
+}
+
+// One instruction; "" on success. NCCL and CUDA calls only here.
+std::string execute(State& s, const Job& job, const Instr& in, const Program& p) {
+    auto at = [&](int i) -> uint64_t {
+        return static_cast<uint64_t>(in.a[i]) + ((in.reloc >> i & 1) ? job.base : 0);
+    };
+    auto stream = [&](int i) { return reinterpret_cast<CUstream>(in.a[i]); };
+    auto comm = reinterpret_cast<ncclComm_t>(in.a[0]);
+    auto ptr = [&](int i) { return reinterpret_cast<void*>(at(i)); };
+    CUresult cr = 0;
+    ncclResult nr = 0;
+    switch (in.op) {
+    case NOP:
+        if (in.a[0] > 0) std::this_thread::sleep_for(std::chrono::microseconds(in.a[0]));
+        return "";
+    case FAIL:
+        return "FAIL instruction (a test's planted failure)";
+    case WAIT_EVENT:
+        cr = s.cuda.streamWaitEvent(stream(0), in.a[1] ? reinterpret_cast<CUevent>(in.a[1])
+                                                       : job.entry, 0);
+        return cr ? cu_error(s, cr, "cuStreamWaitEvent") : "";
+    case RECORD_EVENT:
+        cr = s.cuda.eventRecord(reinterpret_cast<CUevent>(in.a[1]), stream(0));
+        return cr ? cu_error(s, cr, "cuEventRecord") : "";
+    case GROUP_START:
+        nr = s.nccl.groupStart();
+        return nr ? nccl_error(s, nr, "ncclGroupStart") : "";
+    case GROUP_END:
+        nr = s.nccl.groupEnd();
+        return nr ? nccl_error(s, nr, "ncclGroupEnd") : "";
+    case SEND:
+        nr = s.nccl.send(ptr(1), in.a[2], int(in.a[3]), int(in.a[4]), comm, stream(5));
+        return nr ? nccl_error(s, nr, "ncclSend") : "";
+    case RECV:
+        nr = s.nccl.recv(ptr(1), in.a[2], int(in.a[3]), int(in.a[4]), comm, stream(5));
+        return nr ? nccl_error(s, nr, "ncclRecv") : "";
+    case REDUCE_SCATTER:
+        nr = s.nccl.reduceScatter(ptr(1), ptr(2), in.a[3], int(in.a[4] & 0xff),
+                                  int(in.a[4] >> 8), comm, stream(5));
+        return nr ? nccl_error(s, nr, "ncclReduceScatter") : "";
+    case ALL_GATHER:
+        nr = s.nccl.allGather(ptr(1), ptr(2), in.a[3], int(in.a[4]), comm, stream(5));
+        return nr ? nccl_error(s, nr, "ncclAllGather") : "";
+    case ALL_REDUCE:
+        nr = s.nccl.allReduce(ptr(1), ptr(2), in.a[3], int(in.a[4] & 0xff), int(in.a[4] >> 8),
+                              comm, stream(5));
+        return nr ? nccl_error(s, nr, "ncclAllReduce") : "";
+    case LAUNCH: {
+        int64_t values[kMaxKernelArgs];
+        void* params[kMaxKernelArgs];
+        for (int64_t j = 0; j < in.a[4]; ++j) {
+            const Arg& arg = (*p.args)[in.a[3] + j];
+            values[j] = arg.value + ((arg.kind >> 8 & 1) ? static_cast<int64_t>(job.base) : 0);
+            params[j] = &values[j];  // little-endian: a 4-byte argument is the low half
+        }
+        cr = s.cuda.launchKernel(reinterpret_cast<CUfunction>(in.a[0]), unsigned(in.a[1]), 1,
+                                 1, unsigned(in.a[2]), 1, 1, 0, stream(5), params, nullptr);
+        return cr ? cu_error(s, cr, "cuLaunchKernel") : "";
+    }
+    case MEMCPY:
+        cr = s.cuda.memcpyDtoDAsync(at(0), at(1), in.a[2], stream(3));
+        return cr ? cu_error(s, cr, "cuMemcpyDtoDAsync") : "";
+    case WRITE_FLAG:
+        cr = s.cuda.writeValue32(s.flag_stream, s.flag_dev, job.seq, 0);
+        return cr ? cu_error(s, cr, "cuStreamWriteValue32") : "";
+    }
+    return "unknown op";
+}
+
+void write_flag_after_failure(State& s, uint32_t seq) {
+    if (!s.has_cuda) return;
+    // On the flag stream, in order, so the flag never goes backwards; after an abort the
+    // stream drains (NCCL's kernels exit) and the write lands.
+    s.cuda.writeValue32(s.flag_stream, s.flag_dev, seq, 0);
+}
+
+void run_job(State& s, const Job& job) {
+    if (s.poisoned.load() || s.failed.load()) {
+        {
+            std::lock_guard<std::mutex> lock(s.mu);
+            if (!s.failure.set) s.failure = {true, job.seq, -1, -1,
+                                             "issue stopped: the communicators are aborted"};
+        }
+        s.failed.store(true);
+        write_flag_after_failure(s, job.seq);
+        return;
+    }
+    const Program& p = *job.p;
+    int depth = 0;
+    for (size_t i = 0; i < p.code->size(); ++i) {
+        const Instr& in = (*p.code)[i];
+        if (s.poisoned.load()) {
+            std::lock_guard<std::mutex> lock(s.mu);
+            if (!s.failure.set) s.failure = {true, job.seq, in.stage, int64_t(i),
+                                             "issue stopped: the communicators are aborted"};
+            s.failed.store(true);
+            break;
+        }
+        s.in_call.store(true);
+        std::string err = execute(s, job, in, p);
+        if (!err.empty() && depth > 0 && in.op != GROUP_END) s.nccl.groupEnd();  // close it
+        s.in_call.store(false);
+        depth += in.op == GROUP_START ? 1 : in.op == GROUP_END ? -1 : 0;
+        if (!err.empty()) {
+            std::lock_guard<std::mutex> lock(s.mu);
+            if (!s.failure.set) s.failure = {true, job.seq, in.stage, int64_t(i), err};
+            s.failed.store(true);
+            break;
+        }
+    }
+    if (s.failed.load() || s.poisoned.load()) write_flag_after_failure(s, job.seq);
+}
+
+void worker_main(State* s) {
+    if (s->has_cuda) s->cuda.ctxSetCurrent(s->ctx);
+    std::unique_lock<std::mutex> lock(s->mu);
+    for (;;) {
+        s->cv.wait(lock, [&] { return s->closing || !s->queue.empty(); });
+        if (s->queue.empty()) return;  // closing, and everything was issued
+        Job job = s->queue.front();
+        lock.unlock();
+        run_job(*s, job);
+        lock.lock();
+        s->queue.pop_front();
+        s->finished.push_back(job.program);
+        s->issued.store(job.seq);
+        s->idle_cv.notify_all();
+    }
+}
+
+struct Issuer {
+    PyObject_HEAD
+    State* s;
+};
+
+void release_finished(State& s) {  // GIL held
+    std::vector<PyObject*> done;
+    {
+        std::lock_guard<std::mutex> lock(s.mu);
+        done.swap(s.finished);
+    }
+    for (PyObject* o : done) Py_DECREF(o);
+}
+
+// Wait (GIL released) until pred holds or timeout_s passes (< 0: forever).
+template <typename Pred>
+bool wait_for(State& s, double timeout_s, Pred pred) {
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS
+    std::unique_lock<std::mutex> lock(s.mu);
+    if (timeout_s < 0) {
+        s.idle_cv.wait(lock, pred);
+        ok = true;
+    } else {
+        ok = s.idle_cv.wait_for(lock, std::chrono::duration<double>(timeout_s), pred);
+    }
+    Py_END_ALLOW_THREADS
+    return ok;
+}
+
+void shutdown(State& s) {
+    {
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.closing = true;
+    }
+    s.cv.notify_all();
+    if (s.worker.joinable()) {
+        Py_BEGIN_ALLOW_THREADS
+        s.worker.join();
+        Py_END_ALLOW_THREADS
+    }
+}
+
+void issuer_dealloc(Issuer* self) {
+    if (self->s) {
+        shutdown(*self->s);
+        release_finished(*self->s);
+        State& s = *self->s;
+        if (s.has_cuda) {
+            for (CUevent e : s.entries) s.cuda.eventDestroy(e);
+            if (s.flag) s.cuda.memFreeHost(const_cast<uint32_t*>(s.flag));
+        }
+        delete self->s;
+    }
+    Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+int issuer_init(Issuer* self, PyObject* a, PyObject* kw) {
+    static const char* names[] = {"libcuda", "libnccl", "flag_stream", nullptr};
+    const char* libcuda = nullptr;
+    const char* libnccl = nullptr;
+    unsigned long long flag_stream = 0;
+    if (!PyArg_ParseTupleAndKeywords(a, kw, "|zzK", const_cast<char**>(names), &libcuda,
+                                     &libnccl, &flag_stream))
+        return -1;
+    if (self->s) {
+        PyErr_SetString(PyExc_RuntimeError, "Issuer is already initialised");
+        return -1;
+    }
+    if ((libcuda == nullptr) != (libnccl == nullptr)) {
+        PyErr_SetString(PyExc_ValueError, "give both libcuda and libnccl, or neither (tests)");
+        return -1;
+    }
+    auto s = std::make_unique<State>();
+    if (libcuda) {
+        std::string err = open_cuda(*s, libcuda, libnccl);
+        CUresult r = 0;
+        if (err.empty() && (r = s->cuda.ctxGetCurrent(&s->ctx)) == 0 && !s->ctx)
+            err = "no current CUDA context on the calling thread (initialise torch.cuda first)";
+        if (err.empty() && r) err = cu_error(*s, r, "cuCtxGetCurrent");
+        void* host = nullptr;
+        if (err.empty() && (r = s->cuda.memHostAlloc(&host, 64, kHostAllocFlags)))
+            err = cu_error(*s, r, "cuMemHostAlloc");
+        if (err.empty()) {
+            s->flag = static_cast<volatile uint32_t*>(host);
+            *s->flag = 0;
+            if ((r = s->cuda.memHostGetDevicePointer(&s->flag_dev, host, 0)))
+                err = cu_error(*s, r, "cuMemHostGetDevicePointer");
+        }
+        for (int i = 0; err.empty() && i < kEntryRing; ++i) {
+            CUevent e = nullptr;
+            if ((r = s->cuda.eventCreate(&e, kEventDisableTiming))) err = cu_error(*s, r, "cuEventCreate");
+            else s->entries.push_back(e);
+        }
+        if (!err.empty()) {
+            for (CUevent e : s->entries) s->cuda.eventDestroy(e);
+            if (s->flag) s->cuda.memFreeHost(const_cast<uint32_t*>(s->flag));
+            PyErr_SetString(PyExc_RuntimeError, ("ringreduce native issuer: " + err).c_str());
+            return -1;
+        }
+        s->has_cuda = true;
+        s->flag_stream = reinterpret_cast<CUstream>(flag_stream);
+    }
+    self->s = s.release();
+    self->s->worker = std::thread(worker_main, self->s);
+    return 0;
+}
+
+// submit(program, base, wait_stream, entry_stream) -> seq. Records the entry event on
+// entry_stream, queues the job, and makes wait_stream wait for the job's flag (0: none).
+PyObject* issuer_submit(Issuer* self, PyObject* args) {
+    PyObject* program;
+    unsigned long long base, wait_stream, entry_stream;
+    if (!PyArg_ParseTuple(args, "O!KKK", &ProgramType, &program, &base, &wait_stream,
+                          &entry_stream))
+        return nullptr;
+    State& s = *self->s;
+    const Program* p = reinterpret_cast<Program*>(program);
+    if (p->needs_cuda && !s.has_cuda) {
+        PyErr_SetString(PyExc_ValueError, "this program issues CUDA work; the Issuer was "
+                                          "made without libcuda/libnccl");
+        return nullptr;
+    }
+    if (s.closing) {
+        PyErr_SetString(PyExc_RuntimeError, "the native issuer is closed");
+        return nullptr;
+    }
+    release_finished(s);
+    uint32_t seq = s.submitted + 1;
+    // The entry event of seq reuses the one of seq - kEntryRing: that job must be issued
+    // (its wait enqueued) first. Only a queue kEntryRing deep waits here.
+    if (static_cast<int32_t>(seq - kEntryRing - s.issued.load()) > 0)
+        wait_for(s, -1, [&] { return static_cast<int32_t>(seq - kEntryRing - s.issued.load()) <= 0; });
+    CUevent entry = nullptr;
+    if (s.has_cuda) {
+        CUcontext current = nullptr;
+        s.cuda.ctxGetCurrent(&current);
+        if (current != s.ctx) s.cuda.ctxSetCurrent(s.ctx);  // e.g. a fresh autograd thread
+        entry = s.entries[seq % kEntryRing];
+        CUresult r = s.cuda.eventRecord(entry, reinterpret_cast<CUstream>(entry_stream));
+        if (!r && wait_stream)
+            r = s.cuda.waitValue32(reinterpret_cast<CUstream>(wait_stream), s.flag_dev, seq,
+                                   kWaitGeq);
+        if (r) {
+            PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "entry record/flag wait").c_str());
+            return nullptr;
+        }
+    }
+    Py_INCREF(program);
+    {
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.queue.push_back(Job{program, p, base, seq, entry});
+        s.submitted = seq;
+    }
+    s.cv.notify_one();
+    return PyLong_FromUnsignedLong(seq);
+}
+
+// state(seq): 1 finished (flag reached it; CPU-only issuers: issued), 0 pending,
+// -1 failed (the worker stored an error).
+PyObject* issuer_state(Issuer* self, PyObject* arg) {
+    uint32_t seq = static_cast<uint32_t>(PyLong_AsUnsignedLong(arg));
+    if (PyErr_Occurred()) return nullptr;
+    State& s = *self->s;
+    {
+        std::lock_guard<std::mutex> lock(s.mu);
+        if (s.failure.set) return PyLong_FromLong(-1);
+    }
+    uint32_t reached = s.has_cuda ? *s.flag : s.issued.load();
+    return PyLong_FromLong(static_cast<int32_t>(reached - seq) >= 0 ? 1 : 0);
+}
+
+PyObject* issuer_error(Issuer* self, PyObject*) {
+    State& s = *self->s;
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.failure.set) Py_RETURN_NONE;
+    return Py_BuildValue("(kLLs)", static_cast<unsigned long>(s.failure.seq),
+                         static_cast<long long>(s.failure.stage),
+                         static_cast<long long>(s.failure.index), s.failure.message.c_str());
+}
+
+PyObject* issuer_drain(Issuer* self, PyObject* args) {
+    double timeout_s = -1;
+    if (!PyArg_ParseTuple(args, "|d", &timeout_s)) return nullptr;
+    State& s = *self->s;
+    uint32_t target = s.submitted;
+    bool ok = wait_for(s, timeout_s, [&] {
+        return static_cast<int32_t>(s.issued.load() - target) >= 0;
+    });
+    release_finished(s);
+    return PyBool_FromLong(ok);
+}
+
+// stop(timeout_s): issue nothing more (the communicators are about to be aborted) and
+// wait until the worker is outside CUDA/NCCL; False if it is still inside then.
+PyObject* issuer_stop(Issuer* self, PyObject* args) {
+    double timeout_s = 2.0;
+    if (!PyArg_ParseTuple(args, "|d", &timeout_s)) return nullptr;
+    State& s = *self->s;
+    s.poisoned.store(true);
+    bool out = false;
+    Py_BEGIN_ALLOW_THREADS
+    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (s.in_call.load() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    out = !s.in_call.load();
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(out);
+}
+
+PyObject* issuer_close(Issuer* self, PyObject*) {
+    shutdown(*self->s);
+    release_finished(*self->s);
+    Py_RETURN_NONE;
+}
+
+PyObject* issuer_counters(Issuer* self, PyObject*) {
+    State& s = *self->s;
+    uint32_t flag = s.has_cuda ? *s.flag : 0;
+    return Py_BuildValue("{s:k,s:k,s:k}", "submitted", static_cast<unsigned long>(s.submitted),
+                         "issued", static_cast<unsigned long>(s.issued.load()), "flag",
+                         static_cast<unsigned long>(flag));
+}
+
+PyMethodDef issuer_methods[] = {
+    {"submit", reinterpret_cast<PyCFunction>(issuer_submit), METH_VARARGS,
+     "submit(program, base, wait_stream, entry_stream) -> seq"},
+    {"state", reinterpret_cast<PyCFunction>(issuer_state), METH_O,
+     "state(seq): 1 finished, 0 pending, -1 failed"},
+    {"error", reinterpret_cast<PyCFunction>(issuer_error), METH_NOARGS,
+     "None, or (seq, stage, instruction, message) of the first failure"},
+    {"drain", reinterpret_cast<PyCFunction>(issuer_drain), METH_VARARGS,
+     "drain(timeout_s=-1): wait until every submitted job was issued"},
+    {"stop", reinterpret_cast<PyCFunction>(issuer_stop), METH_VARARGS,
+     "stop(timeout_s=2): issue nothing more; True once the worker is outside CUDA/NCCL"},
+    {"close", reinterpret_cast<PyCFunction>(issuer_close), METH_NOARGS,
+     "issue what is queued, then end the worker thread"},
+    {"counters", reinterpret_cast<PyCFunction>(issuer_counters), METH_NOARGS,
+     "submitted, issued and flag values"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject IssuerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_native",
+                          "ringreduce's native issuer (native/issuer.cpp)", -1, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__native() {
+    ProgramType.tp_name = "ringreduce._native.Program";
+    ProgramType.tp_basicsize = sizeof(Program);
+    ProgramType.tp_flags = Py_TPFLAGS_DEFAULT;
+    ProgramType.tp_new = PyType_GenericNew;
+    ProgramType.tp_init = reinterpret_cast<initproc>(program_init);
+    ProgramType.tp_dealloc = reinterpret_cast<destructor>(program_dealloc);
+    ProgramType.tp_methods = program_methods;
+    ProgramType.tp_as_sequence = &program_seq;
+    ProgramType.tp_doc = "Program(code, args, extent): a validated call program";
+    IssuerType.tp_name = "ringreduce._native.Issuer";
+    IssuerType.tp_basicsize = sizeof(Issuer);
+    IssuerType.tp_flags = Py_TPFLAGS_DEFAULT;
+    IssuerType.tp_new = PyType_GenericNew;
+    IssuerType.tp_init = reinterpret_cast<initproc>(issuer_init);
+    IssuerType.tp_dealloc = reinterpret_cast<destructor>(issuer_dealloc);
+    IssuerType.tp_methods = issuer_methods;
+    IssuerType.tp_doc = "Issuer(libcuda=None, libnccl=None, flag_stream=0): one worker thread";
+    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&IssuerType) < 0) return nullptr;
+    PyObject* m = PyModule_Create(&module_def);
+    if (!m) return nullptr;
+    Py_INCREF(&ProgramType);
+    Py_INCREF(&IssuerType);
+    PyModule_AddObject(m, "Program", reinterpret_cast<PyObject*>(&ProgramType));
+    PyModule_AddObject(m, "Issuer", reinterpret_cast<PyObject*>(&IssuerType));
+    PyModule_AddIntConstant(m, "ENTRY_RING", kEntryRing);
+    PyModule_AddIntConstant(m, "MAX_KERNEL_ARGS", kMaxKernelArgs);
+    PyObject* ops = PyDict_New();
+    for (int i = 0; i < OP_COUNT; ++i) {
+        PyObject* v = PyLong_FromLong(i);
+        PyDict_SetItemString(ops, kOpNames[i], v);
+        Py_DECREF(v);
+    }
+    PyModule_AddObject(m, "OPS", ops);
+    return m;
+}

@@ -1,0 +1,156 @@
+"""The native issuer's CPU-side parts (native/issuer.cpp as ringreduce._native): it is
+built wherever a C++ compiler is, programs are encoded and validated as native.py
+writes them, and the worker's queue keeps order, reports the first failure, drains,
+stops and closes. NOP and FAIL are the test-only instructions; the CUDA instructions
+run in tests/test_native_cuda.py."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import sysconfig
+import time
+
+import pytest
+
+from ringreduce import info, native
+from ringreduce.config import Config
+
+_native, WHY = native.extension()
+built = pytest.mark.skipif(_native is None, reason=f"no extension: {WHY}")
+NOP_US = 2000
+
+
+def _compiler() -> str | None:
+    cxx = (sysconfig.get_config_var("CXX") or "c++").split()[0]
+    return shutil.which(cxx) or shutil.which("g++") or shutil.which("c++")
+
+
+def test_the_extension_is_built_where_a_compiler_is() -> None:
+    if _compiler() is None:
+        pytest.skip("no C++ compiler here: the Python issuer is the documented fallback")
+    assert _native is not None, f"a C++ compiler exists but {WHY}; build it (pip install .)"
+    assert set(_native.OPS) >= {"send", "recv", "launch", "write_flag", "nop", "fail"}
+
+
+def _instr(op: str, *a: int, stage: int = 0, reloc: int = 0) -> bytes:
+    return struct.pack("<9q", _native.OPS[op], stage, reloc, *a, *[0] * (6 - len(a)))
+
+
+@built
+def test_recorder_makes_tensor_pointers_relative_and_the_program_validates() -> None:
+    rec = native.Recorder(base=1 << 40, extent=4096, stages=("collect", "add", "diffuse"))
+    rec.emit("send", 7, (1 << 40) + 64, 16, 0, 1, 99, pointers=(1,))  # inside: relative
+    rec.emit("recv", 7, 5 << 40, 16, 0, 1, 99, pointers=(1,))  # staging: absolute
+    program = rec.program()
+    assert len(program) == 2 and program.counts() == {"send": 1, "recv": 1}
+    fields = struct.unpack("<9q", bytes(rec.code[:72]))
+    assert fields[2] == 0b10 and fields[4] == 64  # reloc bit of a1, offset into the tensor
+    assert struct.unpack("<9q", bytes(rec.code[72:]))[2:5] == (0, 7, 5 << 40)
+
+
+@built
+@pytest.mark.parametrize("code,problem", [
+    (lambda: _instr("group_start") + _instr("group_start"), "nested NCCL group"),
+    (lambda: _instr("group_end"), "group_end without group_start"),
+    (lambda: _instr("group_start"), "ends inside an NCCL group"),
+    (lambda: _instr("group_start") + _instr("memcpy", 1, 2, 3, 4) + _instr("group_end"),
+     "memcpy inside an NCCL group"),
+    (lambda: _instr("send", 1, 5000, 1, 0, 1, 0, reloc=0b10), "tensor offset 5000 outside"),
+    (lambda: _instr("send", 0, 8, 1, 0, 1, 0), "null comm"),
+    (lambda: struct.pack("<9q", 99, 0, 0, 0, 0, 0, 0, 0, 0), "unknown op 99"),
+    (lambda: _instr("launch", 1, 1, 256, 0, 3, 0), "kernel arguments out of range"),
+    (lambda: _instr("nop")[:-1], "whole number of instructions"),
+])
+def test_invalid_programs_are_refused_with_the_reason(code, problem) -> None:
+    with pytest.raises(ValueError, match=problem):
+        _native.Program(code(), b"", 4096)
+
+
+@built
+def test_kernel_arguments_are_checked_by_size_and_tensor_bounds() -> None:
+    ok = struct.pack("<2q", 8 | 1 << 8, 100) + struct.pack("<2q", 4, 7)
+    assert len(_native.Program(_instr("launch", 1, 2, 256, 0, 2, 0), ok, 4096)) == 1
+    with pytest.raises(ValueError, match="kernel argument of size 3"):
+        _native.Program(_instr("launch", 1, 2, 256, 0, 1, 0), struct.pack("<2q", 3, 0), 4096)
+    with pytest.raises(ValueError, match="kernel pointer offset outside the tensor"):
+        _native.Program(_instr("launch", 1, 2, 256, 0, 1, 0),
+                        struct.pack("<2q", 8 | 1 << 8, 4096), 4096)
+
+
+@built
+def test_a_cpu_issuer_refuses_cuda_programs() -> None:
+    issuer = _native.Issuer()
+    try:
+        with pytest.raises(ValueError, match="without libcuda"):
+            issuer.submit(_native.Program(_instr("write_flag"), b"", 0), 0, 0, 0)
+    finally:
+        issuer.close()
+
+
+@built
+def test_the_worker_issues_in_order_without_the_caller_waiting() -> None:
+    issuer = _native.Issuer()
+    slow = _native.Program(_instr("nop", NOP_US) * 5, b"", 0)  # 10 ms a job
+    started = time.perf_counter()
+    seqs = [issuer.submit(slow, 0, 0, 0) for _ in range(10)]
+    submitted = time.perf_counter() - started
+    assert seqs == list(range(1, 11))
+    assert submitted < 0.05, f"submit blocked the caller for {submitted:.3f} s"
+    assert issuer.state(10) == 0  # 100 ms of queued work is not done yet
+    assert issuer.drain(30.0)
+    assert [issuer.state(s) for s in seqs] == [1] * 10
+    assert issuer.counters()["issued"] == 10 and issuer.error() is None
+    issuer.close()
+
+
+@built
+def test_a_failure_is_kept_with_its_job_stage_and_instruction_and_poisons_later_jobs() -> None:
+    issuer = _native.Issuer()
+    ok = _native.Program(_instr("nop"), b"", 0)
+    bad = _native.Program(_instr("nop") + _instr("fail", stage=2), b"", 0)
+    issuer.submit(ok, 0, 0, 0)
+    issuer.submit(bad, 0, 0, 0)
+    issuer.submit(ok, 0, 0, 0)
+    assert issuer.drain(10.0)
+    seq, stage, index, message = issuer.error()
+    assert (seq, stage, index) == (2, 2, 1) and "planted failure" in message
+    assert issuer.state(1) == -1 and issuer.state(3) == -1  # the communicator is poisoned
+    issuer.close()
+
+
+@built
+def test_stop_ends_issue_and_close_joins_with_work_queued() -> None:
+    issuer = _native.Issuer()
+    slow = _native.Program(_instr("nop", NOP_US) * 50, b"", 0)  # 100 ms
+    for _ in range(20):  # 2 s if it were all issued
+        issuer.submit(slow, 0, 0, 0)
+    assert issuer.stop(5.0)  # the worker is outside any call now
+    started = time.perf_counter()
+    issuer.close()  # the rest only has its flags written (none here): quick
+    assert time.perf_counter() - started < 1.0
+    seq, _, _, message = issuer.error()
+    assert "communicators are aborted" in message and seq >= 1
+    with pytest.raises(RuntimeError, match="closed"):
+        issuer.submit(slow, 0, 0, 0)
+
+
+@built
+def test_drain_times_out_instead_of_hanging() -> None:
+    issuer = _native.Issuer()
+    issuer.submit(_native.Program(_instr("nop", 300_000), b"", 0), 0, 0, 0)
+    assert issuer.drain(0.01) is False
+    assert issuer.drain(10.0) is True
+    issuer.close()
+
+
+def test_the_issuer_setting_is_validated_and_reported() -> None:
+    with pytest.raises(ValueError, match="issuer='fast' is not supported"):
+        Config(issuer="fast")
+    assert Config.from_env(issuer="python").issuer == "python"
+    report = "\n".join(info.lines(Config(issuer="python")))
+    assert "issuer for a CUDA call: python (issuer='python'" in report
+    assert ("native extension: built" in report) == (_native is not None)
+    if _native is None:
+        assert "issuer for a CUDA call: python (ringreduce._native is not built" in \
+            "\n".join(info.lines(Config()))

@@ -1,0 +1,112 @@
+"""GPU tests of the native issuer (ringreduce/native.py, native/issuer.cpp): exact
+against the Python issuer and NCCL on the sweep (dtypes, ops, padding, wire format),
+asynchronous futures, and a killed peer still a RingReduceError within the deadline.
+
+One GPU suffices (2 x 1, both ranks on it). Run with ``pytest -m gpu``; skipped without
+CUDA, nccl4py or the built extension.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringreduce
+from ringreduce import native
+
+from .cases import check_equal, expected, interleaved, rank_input, sizes_for, sweep
+from .multiproc import run_ranks
+from .test_gpu import _env
+from .test_gpu_faults import NUMEL, OPS, _env_with_deadline, _healthy, _leave, _survive
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(GPUS == 0, reason="needs CUDA GPUs"),
+    pytest.mark.skipif(importlib.util.find_spec("nccl") is None, reason="needs nccl4py"),
+    pytest.mark.skipif(native.extension()[0] is None, reason="ringreduce._native not built"),
+]
+TOPOLOGY = (2, 2) if GPUS >= 2 else (2, 1)
+
+
+def _with_issuer(env: list[dict[str, str]], issuer: str) -> list[dict[str, str]]:
+    return [{**e, "RINGREDUCE_ISSUER": issuer} for e in env]
+
+
+def _sweep_worker(rank: int, world: int, issuer: str) -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm:
+        assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
+        sizes = [*sizes_for(comm.topology.devices_per_machine, comm.topology.machines),
+                 65537, (1 << 20) + 3]
+        assert sweep(comm, sizes, dev) > 0
+        interleaved(comm, [1, 1000, 4097, 300_001], dev)
+        for _ in range(3):  # the same plan keys again: replayed programs, new addresses
+            t = rank_input(rank, 5_000_003, torch.float32, dev)
+            ref = t.clone()
+            comm.all_reduce(t)
+            dist.all_reduce(ref)
+            check_equal(t, ref, f"{issuer} 5_000_003 floats")
+    for wire in (torch.bfloat16, torch.float16):
+        with ringreduce.Communicator(min_bytes=0, slice_bytes=65536, wire_dtype=wire) as comm:
+            for n in (1000, 300_001):
+                t = rank_input(rank, n, torch.float32, dev)
+                comm.all_reduce(t)
+                check_equal(t, expected(world, n, torch.float32, dist.ReduceOp.SUM, dev),
+                            f"{issuer} wire {wire} n={n}")
+
+
+@pytest.mark.parametrize("issuer", ["native", "python"])
+def test_gpu_both_issuers_are_exact_on_the_sweep(issuer: str) -> None:
+    run_ranks(_sweep_worker, TOPOLOGY[0] * TOPOLOGY[1], issuer, backend="nccl",
+              env=_with_issuer(_env(*TOPOLOGY), issuer))
+
+
+def _async_worker(rank: int, world: int) -> None:
+    """Many futures in flight, then the caller's stream works on the results without a
+    host wait: fut.wait() must order it after each all-reduce."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with ringreduce.Communicator(min_bytes=0) as comm:
+        assert comm.describe().endswith("issuer=native"), comm.describe()
+        n = (6 << 20) + 5  # 24 MiB fp32: several slices and a tail
+        tensors = [rank_input(rank, n, torch.float32, dev, salt=s) for s in range(12)]
+        futs = [comm.all_reduce(t, async_op=True) for t in tensors]
+        outs = [fut.wait() * 2 for fut in futs]  # on the caller's stream, after the wait
+        for s, out in enumerate(outs):
+            check_equal(out, 2 * expected(world, n, torch.float32, dist.ReduceOp.SUM, dev,
+                                          salt=s), f"future {s}")
+        t = rank_input(rank, n, torch.bfloat16, dev)
+        comm.all_reduce(t)  # synchronous: the caller's stream waits on the device flag
+        check_equal(t.float() * 1, expected(world, n, torch.bfloat16, dist.ReduceOp.SUM,
+                                            dev).float(), "sync bf16")
+        assert comm.wait_idle(60.0)
+
+
+def test_gpu_native_futures_order_the_callers_stream() -> None:
+    run_ranks(_async_worker, TOPOLOGY[0] * TOPOLOGY[1], backend="nccl",
+              env=_with_issuer(_env(*TOPOLOGY), "native"))
+
+
+def _killed_worker(rank: int, world: int) -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    comm = _healthy(dev)
+    assert comm.describe().endswith("issuer=native"), comm.describe()
+    if rank == 1:
+        for _ in range(OPS):
+            comm.all_reduce(torch.ones(NUMEL, device=dev), async_op=True)
+        time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGKILL)
+    _survive(comm, dev)  # the error within DEADLINE + SLACK, names stage and size
+    _leave()
+
+
+def test_gpu_native_issuer_killed_peer_becomes_an_error_within_the_deadline() -> None:
+    run_ranks(_killed_worker, 2, backend="nccl",
+              env=_with_issuer(_env_with_deadline(), "native"), timeout=180,
+              expect_exit={1: -signal.SIGKILL})

@@ -4,9 +4,10 @@
 #   tests   tests/test_native.py (CPU parts) and tests/test_native_cuda.py (2 x 1: both
 #           issuers exact, futures, killed peer), then the existing GPU fault tests
 #   sweep   the existing GPU sweep and DDP tests (now issued natively by default)
-#   host    benchmarks/native_host.py: host time and CPU per 25 MiB call, native vs
-#           Python issuer vs NCCL, same run; 2 x 1 plain, then 2 x 2 and 4 x 2 under MPS
-# Carry .whl. Full logs in $OUT.   bash benchmarks/gpu_native.sh build tests host
+#   host21  benchmarks/native_host.py: host time and CPU per 25 MiB call, native vs
+#           Python issuer vs NCCL, same run, 2 x 1 (no MPS); host22, host42: 2 x 2 and
+#           4 x 2 under MPS
+# Carry .whl. Full logs in $OUT.   bash benchmarks/gpu_native.sh build tests host22
 set -u
 . "$(dirname "$0")/gpu_env.sh"
 E="python3 benchmarks/emulate.py --physical-gpus 1 --mode loopback"
@@ -23,7 +24,7 @@ for part in "$@"; do
     grep -iE "error|warning" "$OUT/build.log" | head -5
     python3 -m ringreduce.info | tee "$OUT/info.txt" ;;
   tests)
-    timeout 200 python3 -m pytest -p no:cacheprovider -v -rs tests/test_native.py \
+    timeout 120 python3 -m pytest -p no:cacheprovider -v -rs tests/test_native.py \
       tests/test_native_cuda.py > "$OUT/native_tests.log" 2>&1
     echo "native tests exit $?"; grep -E "PASS|FAIL|SKIP|Error|passed|failed" "$OUT/native_tests.log" | tail -25 ;;
   faults)
@@ -36,12 +37,10 @@ for part in "$@"; do
   host21)
     logrun host_2x1 timeout 150 $E --machines 2 --gpus-per-machine 1 --script benchmarks/native_host.py -- --size 25M
     cat "$OUT/host_2x1.txt" | grep -vE "NCCL INFO|^$" | tail -12 ;;
-  host)
-    mps_on
-    logrun host_2x2 timeout 150 $E --machines 2 --gpus-per-machine 2 --script benchmarks/native_host.py -- --size 25M
-    grep -vE "NCCL INFO|^$" "$OUT/host_2x2.txt" | tail -12
-    logrun host_4x2 timeout 200 $E --machines 4 --gpus-per-machine 2 --script benchmarks/native_host.py -- --size 25M
-    grep -vE "NCCL INFO|^$" "$OUT/host_4x2.txt" | tail -12
+  host22|host42)
+    m=${part:4:1}; mps_on
+    logrun host_${m}x2 timeout 150 $E --machines $m --gpus-per-machine 2 --script benchmarks/native_host.py -- --size 25M
+    grep -vE "NCCL INFO|^$" "$OUT/host_${m}x2.txt" | tail -12
     mps_off ;;
   esac
 done

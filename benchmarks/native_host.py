@@ -96,7 +96,7 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int) -> No
         ways[f"{name} sync"] = lambda c=comm: c.all_reduce(x)
         ways[f"{name} async"] = lambda c=comm: c.all_reduce(x, async_op=True)
     for call in ways.values():  # warm: programs traced for every slot position
-        for _ in range(80):
+        for _ in range(70):  # 64 staging slots at 2 x 2: every cursor position
             call()
     torch.cuda.synchronize(device)
     rows = {}

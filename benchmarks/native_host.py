@@ -69,12 +69,13 @@ def stream_cost(call: Callable[[], object], calls: int,
     return host / calls * 1e6, cpu / calls * 1e3, cpu / wall
 
 
-def rank_body(launch: Launch, device: torch.device, size: int, calls: int) -> None:
+def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
+              machines: int | None) -> None:
     n = size // 4
     comms = {}
     for issuer in ("native", "python"):
         os.environ["RINGREDUCE_ISSUER"] = issuer  # read once, at construction (config.py)
-        comms[issuer] = ringreduce.Communicator()
+        comms[issuer] = ringreduce.Communicator(machines=machines)
         assert comms[issuer].describe().endswith(f"issuer={issuer}"), comms[issuer].describe()
     base = ((torch.arange(n, device=device) * 7 + launch.rank * 3) % 11 - 5).float()
     reference = base.clone()
@@ -123,7 +124,12 @@ def main() -> None:
     p.add_argument("--size", type=parse_size, default=25 * 2**20)
     p.add_argument("--calls", type=int, default=32)
     args = p.parse_args()
-    run_ranks(lambda launch, device: rank_body(launch, device, args.size, args.calls))
+    if "NCCL_HOSTID" in os.environ and "RANK" in os.environ:
+        # Ranks sharing one GPU need a host id each (NCCL refuses a duplicate GPU per
+        # host, FINDINGS.md "One GPU, many ranks"); the machines come from --machines.
+        os.environ["NCCL_HOSTID"] += f"-rank{os.environ['RANK']}"
+    run_ranks(lambda launch, device: rank_body(launch, device, args.size, args.calls,
+                                               args.machines))
 
 
 if __name__ == "__main__":

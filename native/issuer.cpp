@@ -570,14 +570,21 @@ int issuer_init(Issuer* self, PyObject* a, PyObject* kw) {
     return 0;
 }
 
-// submit(program, base, wait_stream, entry_stream) -> seq. Records the entry event on
-// entry_stream, queues the job, and makes wait_stream wait for the job's flag (0: none).
+// submit(program, base, entry_stream, wait_stream=None) -> seq. Records the entry event
+// on entry_stream, queues the job, and makes wait_stream wait for the job's flag (None:
+// no stream waits). Stream handles are raw; 0 is the legacy default stream, a real one.
 PyObject* issuer_submit(Issuer* self, PyObject* args) {
     PyObject* program;
-    unsigned long long base, wait_stream, entry_stream;
-    if (!PyArg_ParseTuple(args, "O!KKK", &ProgramType, &program, &base, &wait_stream,
-                          &entry_stream))
+    PyObject* wait_obj = Py_None;
+    unsigned long long base, entry_stream, wait_stream = 0;
+    if (!PyArg_ParseTuple(args, "O!KK|O", &ProgramType, &program, &base, &entry_stream,
+                          &wait_obj))
         return nullptr;
+    bool wait = wait_obj != Py_None;
+    if (wait) {
+        wait_stream = PyLong_AsUnsignedLongLong(wait_obj);
+        if (PyErr_Occurred()) return nullptr;
+    }
     State& s = *self->s;
     const Program* p = reinterpret_cast<Program*>(program);
     if (p->needs_cuda && !s.has_cuda) {
@@ -602,7 +609,7 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
         if (current != s.ctx) s.cuda.ctxSetCurrent(s.ctx);  // e.g. a fresh autograd thread
         entry = s.entries[seq % kEntryRing];
         CUresult r = s.cuda.eventRecord(entry, reinterpret_cast<CUstream>(entry_stream));
-        if (!r && wait_stream)
+        if (!r && wait)
             r = s.cuda.waitValue32(reinterpret_cast<CUstream>(wait_stream), s.flag_dev, seq,
                                    kWaitGeq);
         if (r) {
@@ -688,7 +695,7 @@ PyObject* issuer_counters(Issuer* self, PyObject*) {
 
 PyMethodDef issuer_methods[] = {
     {"submit", reinterpret_cast<PyCFunction>(issuer_submit), METH_VARARGS,
-     "submit(program, base, wait_stream, entry_stream) -> seq"},
+     "submit(program, base, entry_stream, wait_stream=None) -> seq"},
     {"state", reinterpret_cast<PyCFunction>(issuer_state), METH_O,
      "state(seq): 1 finished, 0 pending, -1 failed"},
     {"error", reinterpret_cast<PyCFunction>(issuer_error), METH_NOARGS,

@@ -272,8 +272,8 @@ class NativeIssuer:
             entry = self._programs[key] = self._trace(t, op, cursor, make_ctx())
         program, after = entry
         caller = torch.cuda.current_stream(self._index).cuda_stream
-        seq = self.worker.submit(program, base, self._done_handle if async_op else caller,
-                                 caller)
+        seq = self.worker.submit(program, base, caller,
+                                 self._done_handle if async_op else caller)
         done = Completion(self, seq)
         ends = [(stage, done) for stage in self.stages]
         if not async_op:

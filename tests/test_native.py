@@ -83,7 +83,7 @@ def test_a_cpu_issuer_refuses_cuda_programs() -> None:
     issuer = _native.Issuer()
     try:
         with pytest.raises(ValueError, match="without libcuda"):
-            issuer.submit(_native.Program(_instr("write_flag"), b"", 0), 0, 0, 0)
+            issuer.submit(_native.Program(_instr("write_flag"), b"", 0), 0, 0)
     finally:
         issuer.close()
 
@@ -93,7 +93,7 @@ def test_the_worker_issues_in_order_without_the_caller_waiting() -> None:
     issuer = _native.Issuer()
     slow = _native.Program(_instr("nop", NOP_US) * 5, b"", 0)  # 10 ms a job
     started = time.perf_counter()
-    seqs = [issuer.submit(slow, 0, 0, 0) for _ in range(10)]
+    seqs = [issuer.submit(slow, 0, 0) for _ in range(10)]
     submitted = time.perf_counter() - started
     assert seqs == list(range(1, 11))
     assert submitted < 0.05, f"submit blocked the caller for {submitted:.3f} s"
@@ -109,9 +109,9 @@ def test_a_failure_is_kept_with_its_job_stage_and_instruction_and_poisons_later_
     issuer = _native.Issuer()
     ok = _native.Program(_instr("nop"), b"", 0)
     bad = _native.Program(_instr("nop") + _instr("fail", stage=2), b"", 0)
-    issuer.submit(ok, 0, 0, 0)
-    issuer.submit(bad, 0, 0, 0)
-    issuer.submit(ok, 0, 0, 0)
+    issuer.submit(ok, 0, 0)
+    issuer.submit(bad, 0, 0)
+    issuer.submit(ok, 0, 0)
     assert issuer.drain(10.0)
     seq, stage, index, message = issuer.error()
     assert (seq, stage, index) == (2, 2, 1) and "planted failure" in message
@@ -124,7 +124,7 @@ def test_stop_ends_issue_and_close_joins_with_work_queued() -> None:
     issuer = _native.Issuer()
     slow = _native.Program(_instr("nop", NOP_US) * 50, b"", 0)  # 100 ms
     for _ in range(20):  # 2 s if it were all issued
-        issuer.submit(slow, 0, 0, 0)
+        issuer.submit(slow, 0, 0)
     assert issuer.stop(5.0)  # the worker is outside any call now
     started = time.perf_counter()
     issuer.close()  # the rest only has its flags written (none here): quick
@@ -132,13 +132,13 @@ def test_stop_ends_issue_and_close_joins_with_work_queued() -> None:
     seq, _, _, message = issuer.error()
     assert "communicators are aborted" in message and seq >= 1
     with pytest.raises(RuntimeError, match="closed"):
-        issuer.submit(slow, 0, 0, 0)
+        issuer.submit(slow, 0, 0)
 
 
 @built
 def test_drain_times_out_instead_of_hanging() -> None:
     issuer = _native.Issuer()
-    issuer.submit(_native.Program(_instr("nop", 300_000), b"", 0), 0, 0, 0)
+    issuer.submit(_native.Program(_instr("nop", 300_000), b"", 0), 0, 0)
     assert issuer.drain(0.01) is False
     assert issuer.drain(10.0) is True
     issuer.close()

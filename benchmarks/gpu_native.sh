@@ -24,8 +24,8 @@ for part in "$@"; do
     grep -iE "error|warning" "$OUT/build.log" | head -5
     python3 -m ringreduce.info | tee "$OUT/info.txt" ;;
   tests)
-    timeout 120 python3 -m pytest -p no:cacheprovider -v -rs tests/test_native.py \
-      tests/test_native_cuda.py > "$OUT/native_tests.log" 2>&1
+    timeout ${TESTS_S:-300} python3 -m pytest -p no:cacheprovider -v -rs -x tests/test_native.py \
+      tests/test_native_cuda.py -k "${TESTS_K:-not nothing}" > "$OUT/native_tests.log" 2>&1
     echo "native tests exit $?"; grep -E "PASS|FAIL|SKIP|Error|passed|failed" "$OUT/native_tests.log" | tail -25 ;;
   faults)
     timeout 200 python3 -m pytest -p no:cacheprovider -v -rs tests/test_gpu_faults.py > "$OUT/faults.log" 2>&1
@@ -39,7 +39,7 @@ for part in "$@"; do
     cat "$OUT/host_2x1.txt" | grep -vE "NCCL INFO|^$" | tail -12 ;;
   host22|host42)
     m=${part:4:1}; mps_on
-    logrun host_${m}x2 timeout 150 $E --machines $m --gpus-per-machine 2 --script benchmarks/native_host.py -- --size 25M
+    logrun host_${m}x2 timeout ${HOST_S:-150} $E --machines $m --gpus-per-machine 2 --script benchmarks/native_host.py -- --size 25M --calls 20
     grep -vE "NCCL INFO|^$" "$OUT/host_${m}x2.txt" | tail -12
     mps_off ;;
   esac

@@ -423,14 +423,18 @@ void run_job(State& s, const Job& job) {
     int depth = 0;
     for (size_t i = 0; i < p.code->size(); ++i) {
         const Instr& in = (*p.code)[i];
+        // in_call before poisoned (both seq_cst), the reverse of stop(): either stop()
+        // sees this call in progress and waits, or this thread sees the poison and never
+        // touches a communicator that is being aborted (its handle is freed then).
+        s.in_call.store(true);
         if (s.poisoned.load()) {
+            s.in_call.store(false);
             std::lock_guard<std::mutex> lock(s.mu);
             if (!s.failure.set) s.failure = {true, job.seq, in.stage, int64_t(i),
                                              "issue stopped: the communicators are aborted"};
             s.failed.store(true);
             break;
         }
-        s.in_call.store(true);
         std::string err = execute(s, job, in, p);
         if (!err.empty() && depth > 0 && in.op != GROUP_END) s.nccl.groupEnd();  // close it
         s.in_call.store(false);

@@ -53,6 +53,12 @@ log = logging.getLogger("ringreduce")
 _INSTR = struct.Struct("<9q")
 _ARG = struct.Struct("<2q")
 _LIBCUDA = "libcuda.so.1"
+_DRAIN_POLL_S = 0.1
+"""How often a host waiting for the worker to issue its queue looks for a failure."""
+_PROGRAMS = 4096
+"""Traced programs kept per Communicator (about 14 KB each for a 25 MiB call at 2 x 2):
+the keys repeat in training (DDP's bucket sizes times the slot positions), and a
+workload of ever-new sizes must not grow memory without bound."""
 _STOP_WAIT_S = 2.0
 """How long a failure waits for the worker to leave NCCL before aborting anyway (the
 same bound as for a Python issuing thread, resources._ABORT_LOCK_WAIT_S)."""
@@ -269,6 +275,8 @@ class NativeIssuer:
         key = (t.numel(), t.dtype, op, cursor, base & 15)
         entry = self._programs.get(key)
         if entry is None:
+            if len(self._programs) >= _PROGRAMS:
+                del self._programs[next(iter(self._programs))]  # the oldest traced
             entry = self._programs[key] = self._trace(t, op, cursor, make_ctx())
         program, after = entry
         caller = torch.cuda.current_stream(self._index).cuda_stream
@@ -318,8 +326,11 @@ class NativeIssuer:
     def drain(self) -> None:
         """Before Python issues CUDA work itself: the worker must have issued all it was
         given (host-side; nothing waits for the device), so that NCCL calls and events
-        keep one order."""
-        self.worker.drain()
+        keep one order. A worker stuck inside NCCL (a dead peer) is the watchdog's to
+        end: this wait ends with its error rather than outliving it."""
+        while not self.worker.drain(_DRAIN_POLL_S):
+            if self.res.guard.failure is not None:
+                raise RingReduceError(str(self.res.guard.failure))
 
     def stop(self) -> bool:
         """A failure: issue nothing more; True once the worker is outside NCCL."""

@@ -45,13 +45,17 @@ def _require() -> None:
             f"({_IMPORT_ERROR}); install ringreduce[cu12] or ringreduce[cu13]")
 
 
-_DTYPES: dict[torch.dtype, int] = {} if _core is None else {
+# Without nccl4py, nccl.h's values (ncclDataType_t, ncclRedOp_t: a stable ABI), so that
+# native programs can be traced and tested on any CPU (tests/test_native.py).
+_DTYPES: dict[torch.dtype, int] = {
+    torch.float32: 7, torch.float16: 6, torch.bfloat16: 9, torch.float64: 8,
+    torch.int32: 2, torch.int64: 4} if _core is None else {
     torch.float32: int(_core.FLOAT32), torch.float16: int(_core.FLOAT16),
     torch.bfloat16: int(_core.BFLOAT16), torch.float64: int(_core.FLOAT64),
     torch.int32: int(_core.INT32), torch.int64: int(_core.INT64)}
 
 # AVG travels as SUM: the engine divides once, exactly, at the end.
-_OPS: dict[str, int] = {} if _core is None else {
+_OPS: dict[str, int] = {"sum": 0, "avg": 0, "max": 2, "min": 3} if _core is None else {
     "sum": int(_core.SUM), "avg": int(_core.SUM), "max": int(_core.MAX), "min": int(_core.MIN)}
 
 

@@ -6,19 +6,27 @@ run in tests/test_native_cuda.py."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 import struct
 import sysconfig
 import time
+from types import SimpleNamespace
+from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
-from ringreduce import info, native
+from ringreduce import info, layout, native, schedule, topology
 from ringreduce.config import Config
+from ringreduce.pipeline import Buffers, run_steps
+from ringreduce.transport import NcclTransport
 
 _native, WHY = native.extension()
 built = pytest.mark.skipif(_native is None, reason=f"no extension: {WHY}")
 NOP_US = 2000
+SLICE = 4096
 
 
 def _compiler() -> str | None:
@@ -154,3 +162,76 @@ def test_the_issuer_setting_is_validated_and_reported() -> None:
     if _native is None:
         assert "issuer for a CUDA call: python (ringreduce._native is not built" in \
             "\n".join(info.lines(Config()))
+
+
+class _Function:
+    """A kernel handle as cupy gives one (RawKernel.kernel.ptr)."""
+
+    ptr = 0xF00D
+
+
+class _Kernels:
+    """The kernel library's launch signature (kernels.Kernels), launching nothing:
+    Kernels itself needs cupy and a GPU; here only the trace's shape is under test."""
+
+    def __init__(self) -> None:
+        self.emit = None
+
+    def add(self, own, rows, op, world_size, stream) -> None:
+        self.emit.launch(_Function(), 4, 256, (np.uint64(own.data_ptr()),
+                         np.uint64(rows.data_ptr()), np.int64(own.numel()),
+                         np.int32(rows.shape[0]), np.float32(world_size)), stream)
+
+
+@functools.cache
+def _communicator_parts(rank: int) -> tuple[Any, Buffers, Any, int]:
+    """What a 2 x 2 communicator holds for rank ``rank`` (CPU tensors, fake handles)."""
+    topo = topology.from_virtual(4, 2, rank)
+    slot_bytes, slots = layout.staging_geometry(2, 2, SLICE, 1 << 16)
+    buffers = Buffers(topo, slot_bytes, slots, layout.PADDING_SLOTS, torch.device("cpu"))
+    names = schedule.event_names(2, slots, layout.PADDING_SLOTS)
+    real = SimpleNamespace(handle=lambda stage: 100 + schedule.STAGES.index(stage),
+                           events={n: SimpleNamespace(cuda_event=1000 + i)
+                                   for i, n in enumerate(names)})
+    return topo, buffers, real, slots
+
+
+def _trace(numel: int, rank: int) -> tuple[native.Recorder, Any, Any, torch.Tensor]:
+    """Trace one 2 x 2 float32 call as NativeIssuer._trace does, with CPU tensors."""
+    topo, buffers, real, slots = _communicator_parts(rank)
+    t = torch.arange(numel, dtype=torch.float32)
+    plans, steps, _ = schedule.plan_call(numel, 4, 2, 2, SLICE, slots, schedule.Cursor(), "add")
+    rec = native.Recorder(t.data_ptr(), numel * 4, schedule.STAGES)
+    kernels = _Kernels()
+    kernels.emit = rec
+    comms = {s: SimpleNamespace(_comm=7 + i) for i, s in enumerate(schedule.STAGES)}
+    ctx = SimpleNamespace(topo=topo, buffers=buffers, kernels=kernels, wire=None, record=None,
+                          op_number=1, sync=native.RecordedStreams(real, rec),
+                          transport=NcclTransport(topo, comms, 1.0, True, None,
+                                                  calls=native.RecordedNccl(rec)))
+    run_steps(steps, t, plans, "sum", ctx)
+    rec.emit("write_flag")
+    return rec, plans, steps, t
+
+
+@built
+def test_a_traced_call_is_the_plans_operations_and_independent_of_the_tensors_address() -> None:
+    numel = 5 * 1024 + 7  # several 4 KiB slices, the last with a 3-element tail
+    rec, plans, steps, first = _trace(numel, rank=0)
+    counts = rec.program().counts()
+    assert plans[-1].k and plans[-1].tail == 3
+    parts = len(plans) + 1  # every slice's body, and the padding slot on the last one
+    assert counts["group_start"] == counts["group_end"] == 4 * len(plans)  # rs co di ag
+    assert counts["reduce_scatter"] == counts["all_gather"] == counts["launch"] == parts
+    assert counts["send"] == counts["recv"] == 2 * parts  # collect and diffuse, one peer
+    assert counts["memcpy"] == 2 and counts["write_flag"] == 1  # tail in and out
+    assert counts["wait_event"] == sum(1 for s in steps for n in s.waits
+                                       if not n.startswith("tail"))
+    assert counts["record_event"] == sum(1 for s in steps for n in s.records
+                                         if not n.startswith("tail"))
+    again, _, _, _ = _trace(numel, rank=0)  # a new tensor, elsewhere (first is alive)
+    assert again.base != rec.base == first.data_ptr()
+    assert bytes(again.code) == bytes(rec.code) and bytes(again.args) == bytes(rec.args)
+    other, _, _, _ = _trace(numel, rank=3)  # another rank: other rows, other staging
+    assert bytes(other.code) != bytes(rec.code)
+

@@ -17,7 +17,10 @@ Rank 0 prints one table; every rank asserts exactness.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import resource
 import statistics
 import sys
@@ -104,10 +107,26 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
     for name, call in ways.items():
         idle = idle_host_us(call, calls, device)
         rows[name] = (idle, *stream_cost(call, calls, device))
+    profiles = {}
+    for name in ("native sync", "native async"):  # where the remaining host time goes
+        profile = cProfile.Profile()
+        for _ in range(calls):
+            torch.cuda.synchronize(device)
+            dist.barrier()
+            profile.enable()
+            ways[name]()
+            profile.disable()
+        profiles[name] = profile
+    torch.cuda.synchronize(device)
     for comm in comms.values():
         comm.wait_idle()
         comm.close()
     if launch.rank == 0:
+        for name, profile in profiles.items():
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(14)
+            print(f"# cProfile, {calls} {name} calls (tottime = own time, all calls):")
+            print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
         world = dist.get_world_size()
         print(f"# {torch.cuda.get_device_name(device)}, {world} ranks, {size} bytes fp32, "
               f"{calls} samples; host_idle: median host time on an idle pipeline; "

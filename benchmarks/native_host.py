@@ -102,6 +102,7 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
     for name, call in ways.items():  # warm: programs traced for every slot position
         for _ in range(5 if name.startswith("nccl") else 70):  # 64 staging slots at 2 x 2
             call()
+        torch.cuda.synchronize(device)  # one communicator's work at a time across ranks
     torch.cuda.synchronize(device)
     rows = {}
     for name, call in ways.items():

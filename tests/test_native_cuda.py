@@ -39,35 +39,6 @@ def _with_issuer(env: list[dict[str, str]], issuer: str) -> list[dict[str, str]]
     return [{**e, "RINGREDUCE_ISSUER": issuer} for e in env]
 
 
-def _sweep_worker(rank: int, world: int, issuer: str) -> None:
-    dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm:
-        assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
-        sizes = [*sizes_for(comm.topology.devices_per_machine, comm.topology.machines),
-                 65537, (1 << 20) + 3]
-        assert sweep(comm, sizes, dev) > 0
-        interleaved(comm, [1, 1000, 4097, 300_001], dev)
-        for _ in range(3):  # the same plan keys again: replayed programs, new addresses
-            t = rank_input(rank, 5_000_003, torch.float32, dev)
-            ref = t.clone()
-            comm.all_reduce(t)
-            dist.all_reduce(ref)
-            check_equal(t, ref, f"{issuer} 5_000_003 floats")
-    for wire in (torch.bfloat16, torch.float16):
-        with ringreduce.Communicator(min_bytes=0, slice_bytes=65536, wire_dtype=wire) as comm:
-            for n in (1000, 300_001):
-                t = rank_input(rank, n, torch.float32, dev)
-                comm.all_reduce(t)
-                check_equal(t, expected(world, n, torch.float32, dist.ReduceOp.SUM, dev),
-                            f"{issuer} wire {wire} n={n}")
-
-
-@pytest.mark.parametrize("issuer", ["native", "python"])
-def test_gpu_both_issuers_are_exact_on_the_sweep(issuer: str) -> None:
-    run_ranks(_sweep_worker, TOPOLOGY[0] * TOPOLOGY[1], issuer, backend="nccl",
-              env=_with_issuer(_env(*TOPOLOGY), issuer))
-
-
 def _async_worker(rank: int, world: int) -> None:
     """Many futures in flight, then the caller's stream works on the results without a
     host wait: fut.wait() must order it after each all-reduce."""
@@ -83,7 +54,7 @@ def _async_worker(rank: int, world: int) -> None:
                                           salt=s), f"future {s}")
         t = rank_input(rank, n, torch.bfloat16, dev)
         comm.all_reduce(t)  # synchronous: the caller's stream waits on the device flag
-        check_equal(t.float() * 1, expected(world, n, torch.bfloat16, dist.ReduceOp.SUM,
+        check_equal(t.float(), expected(world, n, torch.bfloat16, dist.ReduceOp.SUM,
                                             dev).float(), "sync bf16")
         assert comm.wait_idle(60.0)
 
@@ -110,3 +81,32 @@ def test_gpu_native_issuer_killed_peer_becomes_an_error_within_the_deadline() ->
     run_ranks(_killed_worker, 2, backend="nccl",
               env=_with_issuer(_env_with_deadline(), "native"), timeout=180,
               expect_exit={1: -signal.SIGKILL})
+
+
+def _sweep_worker(rank: int, world: int, issuer: str) -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm:
+        assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
+        sizes = [*sizes_for(comm.topology.devices_per_machine, comm.topology.machines),
+                 65537, (1 << 20) + 3]
+        assert sweep(comm, sizes, dev) > 0
+        interleaved(comm, [1, 1000, 4097, 300_001], dev)
+        for _ in range(3):  # the same plan keys again: replayed programs, new addresses
+            t = rank_input(rank, 500_003, torch.float32, dev)
+            ref = t.clone()
+            comm.all_reduce(t)
+            dist.all_reduce(ref)
+            check_equal(t, ref, f"{issuer} 500_003 floats")
+    for wire in (torch.bfloat16, torch.float16):
+        with ringreduce.Communicator(min_bytes=0, slice_bytes=65536, wire_dtype=wire) as comm:
+            for n in (1000, 300_001):
+                t = rank_input(rank, n, torch.float32, dev)
+                comm.all_reduce(t)
+                check_equal(t, expected(world, n, torch.float32, dist.ReduceOp.SUM, dev),
+                            f"{issuer} wire {wire} n={n}")
+
+
+@pytest.mark.parametrize("issuer", ["native", "python"])
+def test_gpu_both_issuers_are_exact_on_the_sweep(issuer: str) -> None:
+    run_ranks(_sweep_worker, TOPOLOGY[0] * TOPOLOGY[1], issuer, backend="nccl",
+              env=_with_issuer(_env(*TOPOLOGY), issuer))

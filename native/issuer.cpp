@@ -683,6 +683,17 @@ PyObject* issuer_stop(Issuer* self, PyObject* args) {
     return PyBool_FromLong(out);
 }
 
+// release(): after a failure, let every stream that waits on a submitted job go now
+// (a host store into the mapped flag). A stream blocked on a flag the worker never got
+// to write can hold up a context-wide synchronisation inside the worker (lazy module
+// loading, a free) and so the worker itself; this breaks that cycle. The worker still
+// writes each job's flag in order afterwards, so the flag ends at the last job.
+PyObject* issuer_release(Issuer* self, PyObject*) {
+    State& s = *self->s;
+    if (s.has_cuda) *s.flag = s.submitted;
+    Py_RETURN_NONE;
+}
+
 PyObject* issuer_close(Issuer* self, PyObject*) {
     shutdown(*self->s);
     release_finished(*self->s);
@@ -708,6 +719,8 @@ PyMethodDef issuer_methods[] = {
      "drain(timeout_s=-1): wait until every submitted job was issued"},
     {"stop", reinterpret_cast<PyCFunction>(issuer_stop), METH_VARARGS,
      "stop(timeout_s=2): issue nothing more; True once the worker is outside CUDA/NCCL"},
+    {"release", reinterpret_cast<PyCFunction>(issuer_release), METH_NOARGS,
+     "after a failure: every stream waiting on a submitted job's flag may go"},
     {"close", reinterpret_cast<PyCFunction>(issuer_close), METH_NOARGS,
      "issue what is queued, then end the worker thread"},
     {"counters", reinterpret_cast<PyCFunction>(issuer_counters), METH_NOARGS,

@@ -142,8 +142,10 @@ class Config:
     """CUDA only: ``"native"`` (a C++ worker thread per Communicator replays each call's
     recorded program without the GIL; ringreduce/native.py) or ``"python"`` (the
     pipeline is issued from Python on the caller's thread) (``RINGREDUCE_ISSUER``).
-    ``None``: native when the extension ringreduce._native is built and the
-    communicators are blocking (``nccl_blocking``), else python. Captures (the caller's
+    ``None`` is python for now: the native issuer needs the extension, blocking
+    communicators (``nccl_blocking``) and cupy, and it becomes the default once it has
+    passed the GPU tests (its first GPU run hung, on a cause since fixed but not yet
+    re-run: benchmarks/results/2026-11-23-h200-native). Captures (the caller's
     and ringreduce's own graphs), the flat route and the block collectives are always
     issued from Python, on the calling thread. ``python -m ringreduce.info`` says which
     issuer a CUDA call would use and why."""

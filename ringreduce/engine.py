@@ -268,7 +268,7 @@ class Communicator:
         native = self._res.native
         if native is not None:  # native.py; captures and graphs stay on this thread
             if not capturing and self._res.graphs is None and t.numel() \
-                    and not self._route_flat(t):
+                    and not self._route_flat(t) and native.warm(t, op):
                 record.route = "hierarchical (native)"
                 fut, ends, self._cursor = native.issue(t, op, async_op, self._cursor,
                                                        lambda: self._ctx(record))

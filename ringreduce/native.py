@@ -100,6 +100,8 @@ def why_not(config: Any, is_cuda: bool, blocking: bool, has_kernels: bool) -> st
         return "CPU path (gloo): the Python issuer runs the plan"
     if config.issuer == "python":
         return "issuer='python' (RINGREDUCE_ISSUER)"
+    if config.issuer is None:
+        return "the default until the native issuer passed its GPU tests (RINGREDUCE_ISSUER=native)"
     module, why = extension()
     if module is None:
         return why
@@ -273,7 +275,23 @@ class NativeIssuer:
         self._index = res.device.index
         self._raw_stream = _raw_stream_lookup()
         self._programs: dict[tuple[Any, ...], tuple[Any, Cursor]] = {}
+        self._warm: set[tuple[Any, ...]] = set()
+        """Kinds of call (size, dtype, op, alignment) the Python issuer ran once."""
         self._slot_reader = "add" if wire is None else "diffuse"
+
+    def warm(self, t: torch.Tensor, op: str) -> bool:
+        """Whether this call may be issued natively: not the first of its kind (size,
+        dtype, op, alignment). The first goes through the Python issuer on the caller's
+        thread, so that everything done once happens there, while no stream waits on a
+        flag: NCCL connecting peers and loading kernels, cupy kernels loading. CUDA loads
+        a kernel lazily at its first launch, and loading may synchronise the context;
+        seen on H200 (2026-11-23): with the caller's stream already waiting for the
+        worker's flag, first calls issued by the worker hung."""
+        kind = (t.numel(), t.dtype, op, t.data_ptr() & 15)
+        if kind in self._warm:
+            return True
+        self._warm.add(kind)
+        return False
 
     def issue(self, t: torch.Tensor, op: str, async_op: bool, cursor: Cursor,
               make_ctx: Callable[[], Any]) -> tuple[Any, list[tuple[str, Any]], Cursor]:
@@ -344,7 +362,9 @@ class NativeIssuer:
                 raise RingReduceError(str(self.res.guard.failure))
 
     def stop(self) -> bool:
-        """A failure: issue nothing more; True once the worker is outside NCCL."""
+        """A failure: issue nothing more, let the streams that wait on queued calls go
+        (no stream waits forever); True once the worker is outside NCCL and CUDA."""
+        self.worker.release()
         return bool(self.worker.stop(_STOP_WAIT_S))
 
     def close(self) -> None:

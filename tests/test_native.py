@@ -159,9 +159,10 @@ def test_the_issuer_setting_is_validated_and_reported() -> None:
     report = "\n".join(info.lines(Config(issuer="python")))
     assert "issuer for a CUDA call: python (issuer='python'" in report
     assert ("native extension: built" in report) == (_native is not None)
+    assert "issuer for a CUDA call: python (the default until" in "\n".join(info.lines())
     if _native is None:
         assert "issuer for a CUDA call: python (ringreduce._native is not built" in \
-            "\n".join(info.lines(Config()))
+            "\n".join(info.lines(Config(issuer="native")))
 
 
 class _Function:

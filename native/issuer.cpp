@@ -11,13 +11,14 @@
 // CUDA release, and CI (gcc, no CUDA) compiles and tests the CPU-side parts: program
 // encoding and validation, the queue and the worker's lifecycle (NOP/FAIL instructions).
 //
-// Ordering without a host wait: the caller records a per-call entry event (a ring, so a
-// later call never re-records one the worker has not waited on yet) on its stream, and
-// enqueues cuStreamWaitValue32(flag >= seq) on the stream that must follow the result.
-// The program's last instruction writes seq into the flag (mapped pinned memory, so the
-// host reads completion too) on the flag stream, the stream of the last stage. On a
-// failure the worker stores the first error and still writes every job's flag, in order
-// on that same stream, so no stream waits forever and the flag never goes backwards.
+// Ordering: the caller records a per-call entry event (a ring, so a later call never
+// re-records one the worker has not waited on yet) on its stream and queues the job. The
+// program's last instruction writes seq into the flag (mapped pinned memory, so the host
+// reads completion too) on the flag stream, the stream of the last stage. Once the job is
+// issued (wait_issued), the stream that must follow the result waits for the flag on the
+// device (stream_wait: cuStreamWaitValue32), never before (see stream_wait). On a failure
+// the worker stores the first error and still writes every job's flag, in order on that
+// same stream, so no stream waits forever and the flag never goes backwards.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -574,21 +575,13 @@ int issuer_init(Issuer* self, PyObject* a, PyObject* kw) {
     return 0;
 }
 
-// submit(program, base, entry_stream, wait_stream=None) -> seq. Records the entry event
-// on entry_stream, queues the job, and makes wait_stream wait for the job's flag (None:
-// no stream waits). Stream handles are raw; 0 is the legacy default stream, a real one.
+// submit(program, base, entry_stream) -> seq. Records the job's entry event on
+// entry_stream (0 is the legacy default stream, a real one) and queues the job.
 PyObject* issuer_submit(Issuer* self, PyObject* args) {
     PyObject* program;
-    PyObject* wait_obj = Py_None;
-    unsigned long long base, entry_stream, wait_stream = 0;
-    if (!PyArg_ParseTuple(args, "O!KK|O", &ProgramType, &program, &base, &entry_stream,
-                          &wait_obj))
+    unsigned long long base, entry_stream;
+    if (!PyArg_ParseTuple(args, "O!KK", &ProgramType, &program, &base, &entry_stream))
         return nullptr;
-    bool wait = wait_obj != Py_None;
-    if (wait) {
-        wait_stream = PyLong_AsUnsignedLongLong(wait_obj);
-        if (PyErr_Occurred()) return nullptr;
-    }
     State& s = *self->s;
     const Program* p = reinterpret_cast<Program*>(program);
     if (p->needs_cuda && !s.has_cuda) {
@@ -613,11 +606,8 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
         if (current != s.ctx) s.cuda.ctxSetCurrent(s.ctx);  // e.g. a fresh autograd thread
         entry = s.entries[seq % kEntryRing];
         CUresult r = s.cuda.eventRecord(entry, reinterpret_cast<CUstream>(entry_stream));
-        if (!r && wait)
-            r = s.cuda.waitValue32(reinterpret_cast<CUstream>(wait_stream), s.flag_dev, seq,
-                                   kWaitGeq);
         if (r) {
-            PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "entry record/flag wait").c_str());
+            PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "cuEventRecord (entry)").c_str());
             return nullptr;
         }
     }
@@ -629,6 +619,46 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
     }
     s.cv.notify_one();
     return PyLong_FromUnsignedLong(seq);
+}
+
+// wait_issued(seq, timeout_s=-1) -> bool: the worker has issued job seq (its flag write
+// is enqueued), or it failed; GIL released while waiting.
+PyObject* issuer_wait_issued(Issuer* self, PyObject* args) {
+    unsigned long seq_arg;
+    double timeout_s = -1;
+    if (!PyArg_ParseTuple(args, "k|d", &seq_arg, &timeout_s)) return nullptr;
+    State& s = *self->s;
+    uint32_t seq = static_cast<uint32_t>(seq_arg);
+    bool ok = static_cast<int32_t>(s.issued.load() - seq) >= 0 ||
+              wait_for(s, timeout_s, [&] { return static_cast<int32_t>(s.issued.load() - seq) >= 0; });
+    return PyBool_FromLong(ok);
+}
+
+// stream_wait(stream, seq): stream waits (on the device) until job seq's flag is written.
+// Only for issued jobs: a stream never waits on a write that is not enqueued yet, because
+// a context-wide synchronisation (CUDA loading a kernel lazily, a free), in any thread,
+// would then wait for that stream, and so for the worker, which may itself be the one
+// synchronising: a deadlock (seen on H200 before this rule).
+PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
+    unsigned long long stream;
+    unsigned long seq_arg;
+    if (!PyArg_ParseTuple(args, "Kk", &stream, &seq_arg)) return nullptr;
+    State& s = *self->s;
+    uint32_t seq = static_cast<uint32_t>(seq_arg);
+    if (!s.has_cuda) Py_RETURN_NONE;
+    if (static_cast<int32_t>(s.issued.load() - seq) < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "stream_wait before the job was issued");
+        return nullptr;
+    }
+    CUcontext current = nullptr;
+    s.cuda.ctxGetCurrent(&current);
+    if (current != s.ctx) s.cuda.ctxSetCurrent(s.ctx);
+    CUresult r = s.cuda.waitValue32(reinterpret_cast<CUstream>(stream), s.flag_dev, seq, kWaitGeq);
+    if (r) {
+        PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "cuStreamWaitValue32").c_str());
+        return nullptr;
+    }
+    Py_RETURN_NONE;
 }
 
 // state(seq): 1 finished (flag reached it; CPU-only issuers: issued), 0 pending,
@@ -710,7 +740,11 @@ PyObject* issuer_counters(Issuer* self, PyObject*) {
 
 PyMethodDef issuer_methods[] = {
     {"submit", reinterpret_cast<PyCFunction>(issuer_submit), METH_VARARGS,
-     "submit(program, base, entry_stream, wait_stream=None) -> seq"},
+     "submit(program, base, entry_stream) -> seq"},
+    {"wait_issued", reinterpret_cast<PyCFunction>(issuer_wait_issued), METH_VARARGS,
+     "wait_issued(seq, timeout_s=-1) -> bool: job seq was issued (or failed)"},
+    {"stream_wait", reinterpret_cast<PyCFunction>(issuer_stream_wait), METH_VARARGS,
+     "stream_wait(stream, seq): the stream waits for an issued job's flag"},
     {"state", reinterpret_cast<PyCFunction>(issuer_state), METH_O,
      "state(seq): 1 finished, 0 pending, -1 failed"},
     {"error", reinterpret_cast<PyCFunction>(issuer_error), METH_NOARGS,

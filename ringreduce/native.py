@@ -13,11 +13,16 @@ which write instructions into a Recorder instead of executing them. The result i
 validated ``_native.Program`` (native/issuer.cpp): pointers inside the caller's tensor
 are stored relative to its start, staging and padding pointers absolutely. A call then
 costs the caller a dictionary lookup and one ``Issuer.submit``: record the entry event
-on its stream, queue (program, data_ptr, seq) for the worker, and make the stream that
-must follow the result wait (on the device) until the worker's last instruction wrote
-``seq`` into the completion flag. Synchronous calls: the caller's stream waits.
-Asynchronous calls: a communicator-owned ``done`` stream waits, and the Future is
-completed there, so the caller's compute is not serialised behind the all-reduce.
+on its stream and queue (program, data_ptr, seq) for the worker, whose last instruction
+writes ``seq`` into the completion flag. A stream that must follow the result waits for
+the flag on the device, but only once the worker has issued the job: a stream waiting on
+a write nobody has enqueued yet deadlocked the first GPU run (a context-wide
+synchronisation, e.g. CUDA loading a kernel lazily, waits for that stream, and the
+worker was the thread synchronising). Synchronous calls: the host waits until the job
+is issued (not for the device), then the caller's stream waits. Asynchronous calls
+return at once; a completer thread completes the Future on a communicator-owned
+``done`` stream after the device wait, so the caller's compute is not serialised
+behind the all-reduce and ``fut.wait()`` waits on the host only until the issue.
 
 The watchdog watches each call through ``Completion`` (the flag reached ``seq``), one
 per active stage as for Python-issued calls (the device does not say which stage is
@@ -35,7 +40,9 @@ import copy
 import functools
 import importlib
 import logging
+import queue
 import struct
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -272,6 +279,11 @@ class NativeIssuer:
         self.libnccl = libnccl
         self.done = torch.cuda.Stream(res.device, priority=-1)
         self._done_handle = self.done.cuda_stream
+        self._completer: queue.SimpleQueue[tuple[int, Any, torch.Tensor] | None] = \
+            queue.SimpleQueue()
+        self._completer_thread = threading.Thread(target=self._complete, daemon=True,
+                                                  name="ringreduce-native-futures")
+        self._completer_thread.start()
         self._index = res.device.index
         self._raw_stream = _raw_stream_lookup()
         self._programs: dict[tuple[Any, ...], tuple[Any, Cursor]] = {}
@@ -309,17 +321,45 @@ class NativeIssuer:
             entry = self._programs[key] = self._trace(t, op, cursor, make_ctx())
         program, after = entry
         caller = self._raw_stream(self._index)
-        seq = self.worker.submit(program, base, caller,
-                                 self._done_handle if async_op else caller)
+        seq = self.worker.submit(program, base, caller)
         done = Completion(self, seq)
         ends = [(stage, done) for stage in self.stages]
         if not async_op:
+            self._wait_issued(seq)  # the host waits for the issue, never for the device
+            self.worker.stream_wait(caller, seq)
             return None, ends, after
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
         t.record_stream(self.done)  # the done stream is the tensor's last user here
-        with torch.cuda.stream(self.done):  # the Future records its event after the wait
-            fut.set_result(t)
+        self._completer.put((seq, fut, t))
         return fut, ends, after
+
+    def _wait_issued(self, seq: int) -> None:
+        while not self.worker.wait_issued(seq, _DRAIN_POLL_S):
+            if self.res.guard.failure is not None:
+                raise RingReduceError(str(self.res.guard.failure))
+
+    def _complete(self) -> None:
+        """The completer thread: completes each async call's Future once the worker has
+        issued it, on the done stream after a device wait for its flag, so ``wait()``
+        orders the caller's stream after the result. Futures of calls the worker failed
+        or never issued (a failure, close) get the RingReduceError."""
+        torch.cuda.set_device(self.res.device)
+        while True:
+            item = self._completer.get()
+            if item is None:
+                return
+            seq, fut, t = item
+            while not self.worker.wait_issued(seq, _DRAIN_POLL_S):
+                if self.res.guard.failure is not None:
+                    break
+            error = self.worker.error()
+            if (error is not None and error[0] <= seq) or \
+                    not self.worker.wait_issued(seq, 0):
+                fut.set_exception(RingReduceError(self.failure_text()))
+                continue
+            self.worker.stream_wait(self._done_handle, seq)
+            with torch.cuda.stream(self.done):  # the Future records its event after the wait
+                fut.set_result(t)
 
     def _trace(self, t: torch.Tensor, op: str, cursor: Cursor, ctx: Any) -> tuple[Any, Cursor]:
         """Walk the plan against recording collaborators; nothing is issued."""
@@ -368,4 +408,7 @@ class NativeIssuer:
         return bool(self.worker.stop(_STOP_WAIT_S))
 
     def close(self) -> None:
+        """Issue what is queued (after a failure: flags only), complete every Future."""
         self.worker.close()
+        self._completer.put(None)
+        self._completer_thread.join()

@@ -236,3 +236,17 @@ def test_a_traced_call_is_the_plans_operations_and_independent_of_the_tensors_ad
     other, _, _, _ = _trace(numel, rank=3)  # another rank: other rows, other staging
     assert bytes(other.code) != bytes(rec.code)
 
+
+
+@built
+def test_wait_issued_returns_once_the_worker_issued_that_job() -> None:
+    issuer = _native.Issuer()
+    slow = _native.Program(_instr("nop", 100_000), b"", 0)  # 100 ms a job
+    first, second = issuer.submit(slow, 0, 0), issuer.submit(slow, 0, 0)
+    assert issuer.wait_issued(second, 0.0) is False  # nothing issued yet
+    started = time.perf_counter()
+    assert issuer.wait_issued(first, 10.0) is True
+    assert issuer.state(first) == 1 and issuer.state(second) == 0
+    assert issuer.wait_issued(second, 10.0) is True
+    assert time.perf_counter() - started >= 0.15  # it waited for both jobs, in order
+    issuer.close()

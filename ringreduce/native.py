@@ -289,7 +289,6 @@ class NativeIssuer:
         self._programs: dict[tuple[Any, ...], tuple[Any, Cursor]] = {}
         self._warm: set[tuple[Any, ...]] = set()
         """Kinds of call (size, dtype, op, alignment) the Python issuer ran once."""
-        self._slot_reader = "add" if wire is None else "diffuse"
 
     def warm(self, t: torch.Tensor, op: str) -> bool:
         """Whether this call may be issued natively: not the first of its kind (size,
@@ -326,6 +325,9 @@ class NativeIssuer:
         ends = [(stage, done) for stage in self.stages]
         if not async_op:
             self._wait_issued(seq)  # the host waits for the issue, never for the device
+            error = self.worker.error()
+            if error is not None and error[0] <= seq:  # NCCL refused it: raise as Python does
+                raise RingReduceError(self.failure_text())
             self.worker.stream_wait(caller, seq)
             return None, ends, after
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])

@@ -37,7 +37,8 @@ def _compiler() -> str | None:
 def test_the_extension_is_built_where_a_compiler_is() -> None:
     if _compiler() is None:
         pytest.skip("no C++ compiler here: the Python issuer is the documented fallback")
-    assert _native is not None, f"a C++ compiler exists but {WHY}; build it (pip install .)"
+    assert _native is not None, (f"a C++ compiler exists but {WHY}; build it: pip install -e . "
+                                "(or python setup.py build_ext --inplace)")
     assert set(_native.OPS) >= {"send", "recv", "launch", "write_flag", "nop", "fail"}
 
 

@@ -20,6 +20,7 @@ import torch
 
 from ringreduce import info, layout, native, schedule, topology
 from ringreduce.config import Config
+from ringreduce.kernels import Kernels
 from ringreduce.pipeline import Buffers, run_steps
 from ringreduce.transport import NcclTransport
 
@@ -185,31 +186,55 @@ class _Kernels:
                          np.int32(rows.shape[0]), np.float32(world_size)), stream)
 
 
+class _Compiled(dict):
+    """Kernels' cache of compiled functions, as if every template were compiled: the
+    launch arguments are built by the real kernels.Kernels; only NVRTC is left out."""
+
+    def get(self, key: object, default: object = None) -> object:
+        return _Function()
+
+
+def _real_kernels(rec: native.Recorder) -> Kernels:
+    k = Kernels.__new__(Kernels)  # no cupy, no GPU: nothing here compiles or launches
+    k._functions, k._sms, k.emit = _Compiled(), 132, rec
+    return k
+
+
 @functools.cache
-def _communicator_parts(rank: int) -> tuple[Any, Buffers, Any, int]:
-    """What a 2 x 2 communicator holds for rank ``rank`` (CPU tensors, fake handles)."""
-    topo = topology.from_virtual(4, 2, rank)
-    slot_bytes, slots = layout.staging_geometry(2, 2, SLICE, 1 << 16)
+def _communicator_parts(rank: int, machines: int = 2,
+                        devices: int = 2) -> tuple[Any, Buffers, Any, int]:
+    """What a communicator holds for rank ``rank`` (CPU tensors, fake handles)."""
+    topo = topology.from_virtual(machines * devices, machines, rank)
+    slot_bytes, slots = layout.staging_geometry(devices, machines, SLICE, 1 << 16)
     buffers = Buffers(topo, slot_bytes, slots, layout.PADDING_SLOTS, torch.device("cpu"))
-    names = schedule.event_names(2, slots, layout.PADDING_SLOTS)
+    names = schedule.event_names(devices, slots, layout.PADDING_SLOTS)
     real = SimpleNamespace(handle=lambda stage: 100 + schedule.STAGES.index(stage),
                            events={n: SimpleNamespace(cuda_event=1000 + i)
                                    for i, n in enumerate(names)})
     return topo, buffers, real, slots
 
 
-def _trace(numel: int, rank: int) -> tuple[native.Recorder, Any, Any, torch.Tensor]:
-    """Trace one 2 x 2 float32 call as NativeIssuer._trace does, with CPU tensors."""
-    topo, buffers, real, slots = _communicator_parts(rank)
+def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
+           wire: torch.dtype | None = None, real_kernels: bool = False,
+           ) -> tuple[native.Recorder, Any, Any, torch.Tensor]:
+    """Trace one float32 call as NativeIssuer._trace does, with CPU tensors."""
+    topo, buffers, real, slots = _communicator_parts(rank, machines, devices)
     t = torch.arange(numel, dtype=torch.float32)
-    plans, steps, _ = schedule.plan_call(numel, 4, 2, 2, SLICE, slots, schedule.Cursor(), "add")
-    rec = native.Recorder(t.data_ptr(), numel * 4, schedule.STAGES)
-    kernels = _Kernels()
-    kernels.emit = rec
+    reader = "add" if wire is None else "diffuse"
+    plans, steps, _ = schedule.plan_call(numel, 4, devices, machines, SLICE, slots,
+                                         schedule.Cursor(), reader)
+    stages = schedule.active_stages(devices)
+    rec = native.Recorder(t.data_ptr(), numel * 4, stages)
+    if real_kernels:
+        kernels: Any = _real_kernels(rec)
+    else:
+        kernels = _Kernels()
+        kernels.emit = rec
     comms = {s: SimpleNamespace(_comm=7 + i) for i, s in enumerate(schedule.STAGES)}
-    ctx = SimpleNamespace(topo=topo, buffers=buffers, kernels=kernels, wire=None, record=None,
+    ctx = SimpleNamespace(topo=topo, buffers=buffers, kernels=kernels, wire=wire, record=None,
                           op_number=1, sync=native.RecordedStreams(real, rec),
-                          transport=NcclTransport(topo, comms, 1.0, True, None,
+                          transport=NcclTransport(topo, comms, 1.0, True,
+                                                  kernels if real_kernels else None,
                                                   calls=native.RecordedNccl(rec)))
     run_steps(steps, t, plans, "sum", ctx)
     rec.emit("write_flag")
@@ -251,3 +276,21 @@ def test_wait_issued_returns_once_the_worker_issued_that_job() -> None:
     assert issuer.wait_issued(second, 10.0) is True
     assert time.perf_counter() - started >= 0.15  # it waited for both jobs, in order
     issuer.close()
+
+
+@built
+@pytest.mark.parametrize("machines,devices,wire", [(2, 2, torch.bfloat16), (2, 1, None),
+                                                   (2, 1, torch.float16), (3, 2, None)])
+def test_traces_with_the_real_kernel_arguments_validate(machines, devices, wire) -> None:
+    """Every topology shape and the 16-bit wire: the launches carry kernels.Kernels' own
+    arguments (pointers, counts, row counts, world size), which the program validates."""
+    numel = 3 * 1024 + 5
+    rec, plans, _, _ = _trace(numel, rank=machines * devices - 1, machines=machines,
+                              devices=devices, wire=wire, real_kernels=True)
+    counts = rec.program().counts()
+    parts = sum(1 for p in plans if p.k) + (plans[-1].tail > 0)
+    per_part = 3 if wire is not None else 1  # narrow, add_wire, widen; else add
+    assert counts["launch"] == per_part * parts, counts
+    peers = machines - 1
+    assert counts["send"] == counts["recv"] == 2 * peers * parts
+    assert counts.get("reduce_scatter", 0) == (parts if devices > 1 else 0)

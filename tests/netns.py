@@ -40,8 +40,13 @@ class Link:
         return done.stdout
 
     def set(self, state: str) -> None:
-        """Cut (``down``) or mend (``up``) the cable: machine 0's end of it."""
+        """Cut (``down``) or mend (``up``) the cable: machine 0's end of it. Mending
+        also forgets neighbours that failed to answer during the cut (their entries
+        would answer "No route to host" for a while)."""
         self.run("-n", self.ns[0], "link", "set", "dev", self.dev[0], state)
+        if state == "up":
+            for ns, dev in zip(self.ns, self.dev, strict=True):
+                self.run("-n", ns, "neigh", "flush", "dev", dev, check=False)
 
     def rank_env(self, machine: int) -> dict[str, str]:
         """What a rank of ``machine`` needs: its namespace, and gloo and NCCL told to

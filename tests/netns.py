@@ -61,6 +61,10 @@ def find_ip() -> tuple[str, dict[str, str]] | None:
     if ip:
         return ip, {}
     root = _REPO / ".iproute" / "root"
+    debs = sorted(root.parent.glob("*.deb"))
+    if debs and not root.is_dir() and shutil.which("dpkg"):
+        for deb in debs:  # as benchmarks/emulate.py does: unpacked beside them, not into /
+            subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
     for sub in ("sbin", "usr/sbin", "bin", "usr/bin"):
         if (root / sub / "ip").is_file():
             libs = [str(d) for pattern in ("lib/*-linux-gnu", "usr/lib/*-linux-gnu")

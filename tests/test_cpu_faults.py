@@ -166,6 +166,10 @@ def _mismatch_worker(rank: int, world: int) -> None:
     assert torch.equal(t, torch.full((100,), float(world)))
     with pytest.raises(ringreduce.RingReduceError, match=r"rank 2 calls .*dtype=torch.float64"):
         comm.all_reduce(torch.ones(100, dtype=torch.float64 if rank == 2 else torch.float32))
+    # The same width moves the same bytes: without the check this call would return
+    # wrong values on every rank (so do gloo's and NCCL's own); with it, an error.
+    with pytest.raises(ringreduce.RingReduceError, match=r"rank 3 calls .*dtype=torch.int32"):
+        comm.all_reduce(torch.ones(100, dtype=torch.int32 if rank == 3 else torch.float32))
     comm.close()
 
 

@@ -95,7 +95,7 @@ def _exact_worker(rank: int, world: int, machines: int) -> None:
         sizes = [*sizes_for(devices, machines), 65537, (1 << 18) + 3]
         assert sweep(comm, sizes, dev) > 0
         interleaved(comm, [1, 1000, 4097, 300_001], dev)
-        t = rank_input(rank, 5_000_003, torch.float32, dev)
+        t = rank_input(rank, 1_000_003, torch.float32, dev)
         ref = t.clone()
         comm.all_reduce(t)
         dist.all_reduce(ref)  # torch's NCCL all-reduce as the reference

@@ -46,6 +46,7 @@ DEADLINE = 10.0
 SLACK = 15.0  # abort, NCCL proxy teardown, up to 8 processes on one shared GPU
 NUMEL = 64 << 20  # 256 MiB of float32: 64 slices, far longer in flight than the kill delay
 OPS = 2  # if the victim's first operation beat its fault, the second one still hangs
+HANG_S = DEADLINE + SLACK + 120  # fault, new group and Communicator of up to 7 survivors
 STAGE_ERROR = (r"stage '(reduce_scatter|collect|add|diffuse|all_gather)' failed on rank \d+ "
                r"in operation #\d+ \(.*\), peers \(group ranks\) \[[\d, ]+\]")
 
@@ -64,7 +65,7 @@ def _healthy(dev: torch.device) -> ringreduce.Communicator:
     """A communicator whose connections exist: the fault must hit a running pipeline,
     not NCCL's connection setup. A survivor that hangs anyway prints every thread's
     stack (faulthandler) and exits, so the log shows where."""
-    faulthandler.dump_traceback_later(DEADLINE + SLACK + 60, exit=True)
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
     comm = ringreduce.Communicator(min_bytes=0)
     t = torch.ones(1 << 20, device=dev)
     comm.all_reduce(t)
@@ -139,9 +140,10 @@ def _absent_worker(rank: int, world: int, connected: bool) -> None:
     if connected:
         comm = _healthy(dev)
     else:
-        faulthandler.dump_traceback_later(DEADLINE + SLACK + 60, exit=True)
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
         comm = ringreduce.Communicator(min_bytes=0)
     if rank == world - 1:
+        faulthandler.cancel_dump_traceback_later()  # idle by design, however long
         faults.meet("survived", world)  # alive until every survivor is through
         _leave()  # its peers aborted the shared communicators: no teardown here
     started = time.monotonic()

@@ -18,9 +18,11 @@ Run with ``pytest -m gpu``; skipped without CUDA or nccl4py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import itertools
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -171,9 +173,20 @@ def _wire_worker(rank: int, world: int, wire: torch.dtype) -> None:
         assert torch.equal(hi, lo), "ranks disagree: replicas would drift apart"
 
 
-@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16], ids=str)
-def test_gpu_wire_format_is_exact_on_small_integers_and_identical(wire: torch.dtype) -> None:
-    run_ranks(_wire_worker, SMALL[0] * SMALL[1], wire, backend="nccl", env=_env(*SMALL))
+def _each(worker: Callable[..., None], values: tuple[object, ...]) -> Callable[..., None]:
+    return functools.partial(_run_each, worker, values)
+
+
+def _run_each(worker: Callable[..., None], values: tuple[object, ...], rank: int,
+              world: int) -> None:
+    """Several cases in one set of processes: NCCL setup is most of a small case's time."""
+    for value in values:
+        worker(rank, world, value)
+
+
+def test_gpu_wire_format_is_exact_on_small_integers_and_identical() -> None:
+    run_ranks(_each(_wire_worker, (torch.bfloat16, torch.float16)), SMALL[0] * SMALL[1],
+              backend="nccl", env=_env(*SMALL))
 
 
 def _no_sync_worker(rank: int, world: int, graphs: int) -> None:
@@ -197,9 +210,10 @@ def _no_sync_worker(rank: int, world: int, graphs: int) -> None:
         assert graphs == 0 or comm._res.graphs.captures == 1
 
 
-@pytest.mark.parametrize("graphs", [0, 8], ids=["slow-path", "graphs"])
-def test_gpu_all_reduce_never_syncs_the_host(graphs: int) -> None:
-    run_ranks(_no_sync_worker, SMALL[0] * SMALL[1], graphs, backend="nccl", env=_env(*SMALL))
+def test_gpu_all_reduce_never_syncs_the_host() -> None:
+    """The slow path, then with graphs."""
+    run_ranks(_each(_no_sync_worker, (0, 8)), SMALL[0] * SMALL[1], backend="nccl",
+              env=_env(*SMALL))
 
 
 def _ddp_worker(rank: int, world: int, graphs: int) -> None:
@@ -336,9 +350,10 @@ def _back_to_back_worker(rank: int, world: int, wire: str) -> None:
         assert routes.count("hierarchical (graph)") >= len(buckets) * (steps - 2 * len(ops))
 
 
-@pytest.mark.parametrize("wire", ["none", "bfloat16"])
-def test_gpu_back_to_back_replays_overlap_exactly(wire: str) -> None:
-    run_ranks(_back_to_back_worker, SMALL[0] * SMALL[1], wire, backend="nccl",
+def test_gpu_back_to_back_replays_overlap_exactly() -> None:
+    """Without a wire format, then with bfloat16."""
+    run_ranks(_each(_back_to_back_worker, ("none", "bfloat16")), SMALL[0] * SMALL[1],
+              backend="nccl",
               env=_env(*SMALL), timeout=240)
 
 

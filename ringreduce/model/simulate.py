@@ -13,12 +13,15 @@ and records). Each step is then timed, in issue order, as the CUDA streams would
 
 ``alpha`` is the stage's latency; ``occupancy`` holds its link (NVLink for
 reduce_scatter/all_gather, the rail NIC share for collect/diffuse, device memory for add),
-so stages that share a link queue on it. Several calls (buckets) continue the same streams,
-events, slot rotation and host clock, so they overlap as the engine's do.
+so stages that share a link queue on it, in the order they become ready. Several calls
+(buckets) continue the same streams, events, slot rotation and host clock, so they overlap
+as the engine's do.
 """
 
 from __future__ import annotations
 
+import functools
+import heapq
 from dataclasses import dataclass
 
 from .. import layout, schedule
@@ -59,39 +62,84 @@ def stage_cost(stage: str, numel: int, c: Cluster, o: Options) -> tuple[float, f
             (m - 1) * c.peer_us + moved / gbps_to_bytes_per_us(c.net_gbps))
 
 
-class _Streams:
-    """Clocks of one GPU's stage streams, links, events and host, across calls."""
+@dataclass(frozen=True)
+class _Plan:
+    """Every step of every call in host issue order, as parallel tuples (cached: it
+    does not depend on costs, so a fit replays it many times)."""
 
-    def __init__(self) -> None:
-        self.stream: dict[str, float] = {}
-        self.link: dict[str, float] = {}
-        self.event: dict[str, float] = {}
-        self.host = 0.0
-        self.cursor = schedule.Cursor()
+    call: tuple[int, ...]
+    slice_index: tuple[int, ...]
+    stage: tuple[str, ...]
+    numel: tuple[int, ...]
+    after: tuple[tuple[int, ...], ...]
+    """Tasks that wait on this one: the next task on its stream, and every task whose
+    wait sees this task's record (CUDA: a wait sees the last record issued before it)."""
+    waiting: tuple[int, ...]
+    slices: tuple[int, ...]
+    """Slices of each call."""
 
 
-def _run_call(s: _Streams, numel: int, c: Cluster, o: Options, slice_bytes: int,
-              slots: int) -> float:
-    """Issue one hierarchical call; returns the time its ``done`` event fires."""
-    plans, steps, s.cursor = schedule.plan_call(
-        numel, o.itemsize, c.gpus, c.machines, slice_bytes, slots, s.cursor, "add")
+@functools.lru_cache(maxsize=256)
+def _plan(numel: int, itemsize: int, d: int, m: int, slice_bytes: int, slots: int,
+          calls: int) -> _Plan:
+    call, index, stage, size, deps = [], [], [], [], []
+    last_on: dict[str, int] = {}
+    recorder: dict[str, int] = {}
+    cursor, slices = schedule.Cursor(), []
+    for c in range(calls):
+        plans, steps, cursor = schedule.plan_call(numel, itemsize, d, m, slice_bytes, slots,
+                                                  cursor, "add")
+        slices.append(len(plans))
+        for step in steps:
+            mine = {recorder[w] for w in step.waits if w in recorder}
+            if step.stage in last_on:
+                mine.add(last_on[step.stage])
+            last_on[step.stage] = len(call)
+            for name in step.records:
+                recorder[name] = len(call)
+            call.append(c)
+            index.append(step.slice_index)
+            stage.append(step.stage)
+            size.append(plans[step.slice_index].numel)
+            deps.append(mine)
+    after: list[list[int]] = [[] for _ in call]
+    for i, mine in enumerate(deps):
+        for j in mine:
+            after[j].append(i)
+    return _Plan(tuple(call), tuple(index), tuple(stage), tuple(size),
+                 tuple(tuple(a) for a in after), tuple(len(x) for x in deps), tuple(slices))
+
+
+def _run(p: _Plan, c: Cluster, o: Options) -> list[float]:
+    """End time of every task. Tasks take their link in the order they become ready
+    (non-preemptive), so stages of different slices that share a link share it in
+    time, whatever order the host issued them in."""
     per_slice = c.host_slice_us + 4 * (c.machines - 1) * c.host_peer_us
-    start = s.host
-    s.event[schedule.ENTRY] = start
-    costs = {(p.index, st): stage_cost(st, p.numel, c, o) for p in plans
-             for st in schedule.active_stages(c.gpus)}
-    for step in steps:
-        issued = start + c.host_call_us + (step.slice_index + 1) * per_slice
-        ready = max([issued, s.stream.get(step.stage, 0.0)]
-                    + [s.event[w] for w in step.waits if w in s.event])
-        alpha, busy = costs[step.slice_index, step.stage]
-        link = LINK[step.stage]
-        end = max(ready + alpha, s.link.get(link, 0.0)) + busy
-        s.stream[step.stage] = s.link[link] = end
-        for name in step.records:
-            s.event[name] = end
-    s.host = start + c.host_call_us + len(plans) * per_slice
-    return s.event[schedule.DONE]
+    starts, host = [], 0.0
+    for n in p.slices:  # the host issues calls one after another
+        starts.append(host)
+        host += c.host_call_us + n * per_slice
+    cost = {(n, st): stage_cost(st, n, c, o) for n, st in set(zip(p.numel, p.stage, strict=True))}
+    ready_at = [starts[k] + c.host_call_us + (i + 1) * per_slice
+                for k, i in zip(p.call, p.slice_index, strict=True)]
+    waiting = list(p.waiting)
+    heap = [(ready_at[i], i) for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(heap)
+    ends = [0.0] * len(ready_at)
+    link_free = dict.fromkeys(LINK.values(), 0.0)
+    while heap:
+        ready, i = heapq.heappop(heap)
+        alpha, busy = cost[p.numel[i], p.stage[i]]
+        link = LINK[p.stage[i]]
+        ends[i] = end = max(ready + alpha, link_free[link]) + busy
+        link_free[link] = end
+        for j in p.after[i]:
+            if end > ready_at[j]:
+                ready_at[j] = end
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(heap, (ready_at[j], j))
+    return ends
 
 
 def hierarchical(c: Cluster, o: Options, size: int) -> bool:
@@ -104,15 +152,15 @@ def iteration_ends(size: int, c: Cluster, o: Options, buckets: int = 1,
     """Device end of each iteration of ``buckets`` back-to-back calls of ``size`` bytes,
     issued from an idle pipeline at t = 0 (the host never waits, as the benchmark's
     CUDA-aware futures do not)."""
-    numel = size // o.itemsize
     slice_bytes = Config(slice_bytes=o.slice_bytes).resolved_slice_bytes(c.gpus, c.machines)
     slots = layout.staging_slots(o.itemsize, c.gpus, c.machines, slice_bytes,
                                  o.staging_bytes)
-    s = _Streams()
-    ends = []
-    for _ in range(iterations):
-        ends.append(max(_run_call(s, numel, c, o, slice_bytes, slots)
-                        for _ in range(buckets)))
+    p = _plan(size // o.itemsize, o.itemsize, c.gpus, c.machines, slice_bytes, slots,
+              buckets * iterations)
+    ends = [0.0] * iterations
+    for k, end in zip(p.call, _run(p, c, o), strict=True):
+        it = k // buckets
+        ends[it] = max(ends[it], end)
     return ends
 
 

@@ -148,8 +148,8 @@ CPU_BOUND = 0.9
 
 
 def _sample(path: Path, meta: dict[str, Any], row: dict[str, Any]) -> Sample | None:
-    if "rr_time_us" not in row or "ref_time_us" not in row or not meta.get("machines"):
-        return None
+    if not (row.get("rr_time_us") and row.get("ref_time_us") and meta.get("machines")):
+        return None  # not a timed benchmark row (or a side that did not run)
     options, config = meta.get("options", {}), meta.get("config", {})
     setting = setting_of(path.parent.name, meta)
     itemsize = DTYPE_BYTES.get(row.get("type", "float"), 4)

@@ -171,10 +171,20 @@ def ringreduce_time_us(size: int, c: Cluster, o: Options, buckets: int = 1) -> f
     return iteration_ends(size, c, o, buckets)[0]
 
 
+#: Iterations simulated for a benchmark row; more are extrapolated at the rate between
+#: the first and the second-to-last (each of those is followed by another iteration, which
+#: takes links first where its stages are ready first, as the real run's do).
+SIMULATED_ITERATIONS = 6
+
+
 def steady_time_us(size: int, c: Cluster, o: Options, buckets: int, iters: int) -> float:
-    """Per-iteration time as the benchmark measures it: ``iters`` iterations back to
-    back, the first one filling the pipeline, the rest at the steady-state rate."""
+    """Per-iteration time as the benchmark measures it: ``iters`` iterations issued back
+    to back from an idle pipeline, total time divided by ``iters``."""
     if not hierarchical(c, o, size):
         return buckets * nccl_time_us(size, c)
-    first, second = iteration_ends(size, c, o, buckets, 2)
-    return (first + (iters - 1) * (second - first)) / iters
+    k = max(1, min(iters, SIMULATED_ITERATIONS))
+    ends = iteration_ends(size, c, o, buckets, k)
+    if k == iters:
+        return ends[-1] / iters
+    rate = (ends[-2] - ends[0]) / (k - 2) if k > 2 else ends[-1] / k
+    return (ends[-1] + (iters - k) * rate) / iters

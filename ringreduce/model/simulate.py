@@ -1,9 +1,10 @@
 """ringreduce's time by replaying the engine's own plan against stage costs.
 
 The plan comes from the pure planning modules the engine runs: ``layout.plan_slices``
-(slices), ``layout.staging_slots`` (slots), ``Config.resolved_slice_bytes`` (the slice-size
-rule) and ``schedule.plan_call`` (the steps, slice-major, with the events each waits on
-and records). Each step is then timed, in issue order, as the CUDA streams would run it::
+(slices), ``layout.staging_geometry`` (slots, sized as the engine sizes them),
+``Config.resolved_slice_bytes`` (the slice-size rule) and ``schedule.plan_call`` (the
+steps, slice-major, with the events each waits on and records). Each step is then timed
+as the CUDA streams would run it::
 
     start(stage s of slice i) = max(host has issued slice i,
                                     the events it waits on (stage s-1 of slice i, the
@@ -153,8 +154,7 @@ def iteration_ends(size: int, c: Cluster, o: Options, buckets: int = 1,
     issued from an idle pipeline at t = 0 (the host never waits, as the benchmark's
     CUDA-aware futures do not)."""
     slice_bytes = Config(slice_bytes=o.slice_bytes).resolved_slice_bytes(c.gpus, c.machines)
-    slots = layout.staging_slots(o.itemsize, c.gpus, c.machines, slice_bytes,
-                                 o.staging_bytes)
+    _, slots = layout.staging_geometry(c.gpus, c.machines, slice_bytes, o.staging_bytes)
     p = _plan(size // o.itemsize, o.itemsize, c.gpus, c.machines, slice_bytes, slots,
               buckets * iterations)
     ends = [0.0] * iterations

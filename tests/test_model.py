@@ -132,13 +132,22 @@ def test_model_modules_import_only_stdlib_and_the_pure_plan() -> None:
                         f"{path.name} imports {name} at module level"
 
 
-def test_setting_is_read_from_the_benchmarks_fidelity_line() -> None:
-    meta = {"world": 8, "devices_per_machine": 2, "nccl_env": {"NCCL_HOSTID": "vm0r0"},
-            "fidelity": "intra-machine traffic: loopback sockets under MPS; NCCL sees 8 "
-                        "hosts; link cap 10 Gbit/s; CPU cores per rank: 2.0"}
+def test_setting_is_read_from_the_emulators_fidelity_line() -> None:
+    """benchmarks/emulate.py's sentence for 2 x 2 on one GPU under MPS, capped."""
+    meta = {"world": 4, "devices_per_machine": 2, "options": {"link_gbit": None},
+            "fidelity": "emulated 2x2 on one host; intra-machine traffic: loopback sockets "
+                        "in the machine's namespace (its ranks share a GPU under MPS); NCCL "
+                        "sees 4 hosts; link cap 10gbit each way per machine (tc tbf), burst "
+                        "1mb, MTU 9000; GPUs 1, MPS on; CPU cores per rank 4.0"}
     s = results.setting_of("2099-01-01-new-folder", meta)
-    assert (s.mps, s.intra, s.nccl_hosts) == (True, "sockets", "ranks")
-    assert results.cores_per_rank(meta) == 2.0
+    assert s == results.Setting(4, True, "sockets", "ranks")
+    assert results.cores_per_rank(meta) == 4.0
+    assert results.link_gbit_of(meta) == 10.0
+    faithful = meta | {"fidelity": "emulated 2x2 on one host; intra-machine traffic: "
+                                   "NVLink/PCIe (NCCL P2P); NCCL sees 2 hosts; no link cap "
+                                   "(all on lo); GPUs 2, MPS off; CPU cores per rank 4.0"}
+    assert results.setting_of("2099-01-01-x", faithful) == results.Setting(2, False, "nvlink",
+                                                                            "machines")
 
 
 def _sample(row: dict[str, object], meta: dict[str, object], tmp: Path) -> results.Sample:
@@ -152,7 +161,8 @@ def _sample(row: dict[str, object], meta: dict[str, object], tmp: Path) -> resul
 def test_exclusion_rules(tmp_path: Path) -> None:
     meta = {"machines": 2, "devices_per_machine": 2, "world": 4,
             "options": {"link_gbit": 10.0, "iters": 10}, "config": {},
-            "fidelity": "loopback sockets under MPS; CPU cores per rank: 2.0"}
+            "fidelity": "intra-machine traffic: loopback sockets (under MPS); GPUs 1, MPS "
+                        "on; CPU cores per rank 2.0"}
     row = {"size": 16 * MiB, "buckets": 1, "rr_time_us": 10_000.0, "ref_time_us": 12_000.0,
            "rr_cpu_us": 5_000.0, "ref_cpu_us": 5_000.0}
     assert results.exclusion(_sample(row, meta, tmp_path)) is None

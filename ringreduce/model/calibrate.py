@@ -95,7 +95,7 @@ def _loss(samples: Sequence[Sample], start: Costs) -> Callable[[Sequence[float]]
     return loss
 
 
-def fit(samples: Sequence[Sample], evaluations: int = 250) -> Costs:
+def fit(samples: Sequence[Sample], evaluations: int = 150) -> Costs:
     """Costs minimising the fit loss over ``samples`` (all of one setting)."""
     start = prior(samples[0])
     best = nelder_mead(_loss(samples, start), start.vector(), evaluations)

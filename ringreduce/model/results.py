@@ -74,8 +74,9 @@ class Sample:
 
 def setting_of(folder: str, meta: dict[str, Any]) -> Setting:
     """The folder table first; else what the meta says: a ``fidelity`` dict of Setting's
-    fields, or the benchmark's ``fidelity`` sentence ("... loopback sockets under MPS ...;
-    NCCL sees 4 hosts ..."), or NCCL host ids with a rank suffix (``vm0r1``)."""
+    fields, or benchmarks/emulate.py's fidelity sentence ("intra-machine traffic: loopback
+    sockets ... under MPS; NCCL sees 8 hosts; ...; GPUs 1, MPS on; CPU cores per rank
+    2.0"), or NCCL host ids with a rank suffix (``vm0r1``)."""
     if folder in FOLDER_SETTINGS:
         return FOLDER_SETTINGS[folder]
     stated = meta.get("fidelity")
@@ -88,22 +89,36 @@ def setting_of(folder: str, meta: dict[str, Any]) -> Setting:
     host_id = str(meta.get("nccl_env", {}).get("NCCL_HOSTID", ""))
     per_rank = (re.fullmatch(r"vm\d+r\d+", host_id) is not None
                 or (hosts is not None and world > 1 and int(hosts[1]) == world))
-    mps = "MPS" in text
+    mps = re.search(r"under MPS|MPS on", text) is not None
+    gpus = re.search(r"GPUs (\d+)", text)
+    shared = -(-world // int(gpus[1])) if gpus and int(gpus[1]) and world else 1
+    if shared == 1 and (mps or per_rank or "share a GPU" in text):
+        shared = 2  # stated as shared, count unknown
     d = int(meta.get("devices_per_machine") or 1)
-    sockets = mps or per_rank or re.search(r"intra[^;]*(socket|loopback)", text, re.I)
+    sockets = per_rank or re.search(r"intra[^;]*(socket|loopback)", text, re.I)
     intra = "none" if d == 1 else "sockets" if sockets else "nvlink"
-    return Setting(2 if mps else 1, mps, intra, "ranks" if per_rank else "machines")
+    return Setting(shared, mps, intra, "ranks" if per_rank else "machines")
 
 
 def cores_per_rank(meta: dict[str, Any]) -> float | None:
-    """CPU cores each rank had, when the header states it ("CPU cores per rank: 4.0")."""
-    found = re.search(r"CPU cores per rank:\s*([\d.]+)", json.dumps(meta))
+    """CPU cores each rank had, when the header states it ("CPU cores per rank 4.0")."""
+    found = re.search(r"CPU cores per rank:?\s*([\d.]+)", json.dumps(meta))
+    return float(found[1]) if found else None
+
+
+def link_gbit_of(meta: dict[str, Any]) -> float | None:
+    """The capped link's Gbit/s per machine: ``--link-gbit``, else the fidelity line's
+    "link cap 10gbit"; None: not capped (loopback)."""
+    given = meta.get("options", {}).get("link_gbit")
+    if given:
+        return float(given)
+    found = re.search(r"link cap ([\d.]+)\s*gbit", str(meta.get("fidelity", "")), re.I)
     return float(found[1]) if found else None
 
 
 def setting_key(meta: dict[str, Any], s: Setting) -> str:
     """Runs that share this key share calibrated costs (one link, one intra carrier)."""
-    gbit = meta.get("options", {}).get("link_gbit")
+    gbit = link_gbit_of(meta)
     env = meta.get("nccl_env", {})
     link = f"capped {gbit:g} Gbit/s" if gbit else "loopback"
     if "NCCL_SOCKET_NTHREADS" in env or "NCCL_NSOCKS_PERTHREAD" in env:
@@ -166,7 +181,7 @@ def _sample(path: Path, meta: dict[str, Any], row: dict[str, Any]) -> Sample | N
         itemsize=itemsize, slice_bytes=config.get("slice_bytes"),
         staging_bytes=int(config.get("staging_bytes") or DEFAULT_STAGING_BYTES),
         min_bytes=DEFAULT_MIN_BYTES if min_bytes is None else int(min_bytes),
-        wire_factor=wire, link_gbit=options.get("link_gbit"),
+        wire_factor=wire, link_gbit=link_gbit_of(meta),
         setting_key=setting_key(meta, setting), setting=setting,
         rr_us=float(row["rr_time_us"]), ref_us=float(row["ref_time_us"]), row=row, meta=meta)
 

@@ -174,7 +174,7 @@ def ringreduce_time_us(size: int, c: Cluster, o: Options, buckets: int = 1) -> f
 #: Iterations simulated for a benchmark row; more are extrapolated at the rate between
 #: the first and the second-to-last (each of those is followed by another iteration, which
 #: takes links first where its stages are ready first, as the real run's do).
-SIMULATED_ITERATIONS = 6
+SIMULATED_ITERATIONS = 4
 
 
 def steady_time_us(size: int, c: Cluster, o: Options, buckets: int, iters: int) -> float:

@@ -101,9 +101,16 @@ def print_table(c: Cluster, rows: list[dict[str, float]], buckets: int) -> None:
     print(f"#{'machines':>8} {'size':>11} {'ringreduce':>11} {'busbw':>7} {'ring':>11} "
           f"{'tree':>11} {'vs ring':>7} {'vs tree':>7} {'bound':>10} {'eff':>5}")
     for r in rows:
-        print(f"{r['machines']:>9} {r['size']:>11} {r['rr']:>11.1f} {r['busbw']:>7.1f} "
+        print(f"{r['machines']:>9} {_size(int(r['size'])):>11} {r['rr']:>11.1f} {r['busbw']:>7.1f} "
               f"{r['ring']:>11.1f} {r['tree']:>11.1f} {r['vs_ring']:>7.2f} "
               f"{r['vs_tree']:>7.2f} {r['bound']:>10.1f} {r['eff']:>5.2f}")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
 
 
 def calibrated(c: Cluster, path: Path) -> Cluster:
@@ -120,11 +127,23 @@ def calibrated(c: Cluster, path: Path) -> Cluster:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, float]]:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.validate:
         validate.main(args.validate)
         return []
-    base = cluster_from(args)
+    if args.buckets < 1 or any(m < 1 for m in args.machines or ()):
+        parser.error("--buckets and --machines must be at least 1")
+    for flag in ("gpus_per_machine", "intra_gbps", "net_gbps", "machine_net_gbps"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
+            parser.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be > 0")
+    for flag in ("intra_latency_us", "net_latency_us", "host_call_us", "host_slice_us"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 0:
+            parser.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be >= 0")
+    try:
+        base = cluster_from(args)
+    except ValueError as e:
+        parser.error(str(e))
     if args.calibrate:
         base = calibrated(base, args.calibrate)
     o = Options(slice_bytes=args.slice_bytes)

@@ -14,10 +14,14 @@ terms (the protocol NCCL runs for the MiB-and-up messages this model is for):
 
 ``intraLat`` and ``interLat`` are the cluster's latencies (the presets use NCCL's own
 ``hwLatencies``: 3.4 us NVLink, 14 us network). NCCL gets ``busBw`` from its topology
-search; here it comes from the links: a ring moves ``2S(N-1)/N`` bytes per machine over
-the machine's NICs and per GPU over NVLink; a double binary tree moves ``2S`` per machine
+search; here it comes from the links. A ring: every GPU sends ``2S(N-1)/N`` bytes to its
+ring neighbour; each ring (channel) crosses each machine boundary once, and NCCL spreads
+its channels over all D NICs, so a machine sends ``2S(N-1)/N`` across its NICs together
+(``2S(N-1)/(N*D)`` per NIC) and a GPU ``2S(N-1)/N`` over NVLink: busBw is the slower of
+the GPU's NVLink and the machine's network. A double binary tree moves ``2S`` per machine
 (``S`` at two nodes, where NCCL itself uses the intra bandwidth) and ``2S`` per GPU in the
-intra-machine chain. NCCL runs the faster of the two, as its tuner does.
+intra-machine chain. ringreduce, for comparison, moves ``2S(M-1)/M`` per machine over D
+rails. NCCL runs the faster of ring and tree, as its tuner does.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from . import calibrate, results
 from .calibrate import Costs
 from .results import Sample
 
-DEFAULT_ROOT = Path("benchmarks/results")
+#: The repository's results (this file is ringreduce/model/validate.py in a checkout).
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,11 @@ def summary(report: Report) -> str:
 
 
 def main(root: Path = DEFAULT_ROOT) -> Report:
-    report = run(results.load(root))
+    samples = results.load(root)
+    if not samples:
+        raise SystemExit(f"--validate {root}: no benchmark JSON (python -m ringreduce.bench "
+                         "--json) in it or its subfolders; pass the results folder")
+    report = run(samples)
     print(table(report))
     print()
     print(summary(report))

@@ -215,6 +215,13 @@ def test_cli_calibrate_carries_the_fitted_host_cost(capsys: pytest.CaptureFixtur
     assert host != PRESETS["dgx-h100"].host_call_us  # the fit, not the preset
 
 
+def test_cli_without_arguments_sweeps_2_to_1024_machines(capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    rows = cli.main([])
+    assert sorted({r["machines"] for r in rows}) == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    assert "dgx-h100" in capsys.readouterr().out
+
+
 def test_cli_rejects_a_bad_size() -> None:
     with pytest.raises(SystemExit):
         cli.main(["--sizes", "lots"])

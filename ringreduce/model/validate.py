@@ -95,10 +95,12 @@ def summary(report: Report) -> str:
              "excluded rows: " + (", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
                                   or "none")]
     for key, c in report.costs.items():
+        multi = any(ln.sample.gpus > 1 for ln in report.lines if ln.sample.setting_key == key)
+        intra = (f"{c.intra_gbps:.0f} Gbit/s, {c.intra_lat_us:.0f} us" if multi
+                 else "unused (one GPU per machine)")
         lines.append(f"costs [{key}]: net {c.net_gbps:.1f} Gbit/s/machine, "
-                     f"{c.net_lat_us:.0f} us; intra {c.intra_gbps:.0f} Gbit/s, "
-                     f"{c.intra_lat_us:.0f} us; host {c.host_call_us:.0f} us/call + "
-                     f"{c.host_slice_us:.0f} us/slice; NCCL at {c.nccl_eff:.2f} of the link")
+                     f"{c.net_lat_us:.0f} us; intra {intra}; host {c.host_call_us:.0f} us/call"
+                     f" + {c.host_slice_us:.0f} us/slice; NCCL at {c.nccl_eff:.2f} of the link")
     return "\n".join(lines)
 
 

@@ -93,6 +93,15 @@ def test_buckets_overlap_but_not_past_the_link() -> None:
     assert 4 * link_bound_us(25 * MiB, c) <= four < 4 * one
 
 
+def test_a_16_bit_wire_halves_a_network_bound_call() -> None:
+    c = PRESETS["eth-100g"].with_(machines=4)
+    fp32 = ringreduce_time_us(256 * MiB, c, Options())
+    wire = ringreduce_time_us(256 * MiB, c, Options(wire_factor=0.5))
+    assert 0.45 < wire / fp32 < 0.6
+    assert ringreduce_time_us(256 * MiB, c, Options(wire_factor=0.5)) < \
+        link_bound_us(256 * MiB, c)  # below the fp32 bound: fewer bytes cross
+
+
 def test_the_model_runs_the_engines_plan() -> None:
     d, m, size = 4, 2, 100 * MiB + 12  # a tail: the last slice carries padding
     sb = Config().resolved_slice_bytes(d, m)

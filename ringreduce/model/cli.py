@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--sizes", type=parse_size, nargs="+", default=[25 << 20, 256 << 20])
     add("--slice-bytes", type=parse_size, help="default: the engine's rule")
     add("--buckets", type=int, default=1, help="back-to-back calls per step")
+    add("--wire", choices=("bfloat16", "float16"),
+        help="fp32 tensors cross the network in 16 bits (the engine's wire_dtype)")
     add("--plot", help="write predicted speedup against machine count (PNG)")
     add("--all-presets", action="store_true",
         help="with --plot: every preset in one plot, titled with the validation error")
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         parser.error(str(e))
     if args.calibrate:
         base = calibrated(base, args.calibrate)
-    o = Options(slice_bytes=args.slice_bytes)
+    o = Options(slice_bytes=args.slice_bytes, wire_factor=0.5 if args.wire else 1.0)
     rows = [predict_row(base.with_(machines=m), s, o, args.buckets)
             for m in args.machines or SWEEP for s in args.sizes]
     print_table(base, rows, args.buckets)

@@ -82,14 +82,14 @@ class _Plan:
 
 @functools.lru_cache(maxsize=256)
 def _plan(numel: int, itemsize: int, d: int, m: int, slice_bytes: int, slots: int,
-          calls: int) -> _Plan:
+          calls: int, slot_reader: str = "add") -> _Plan:
     call, index, stage, size, deps = [], [], [], [], []
     last_on: dict[str, int] = {}
     recorder: dict[str, int] = {}
     cursor, slices = schedule.Cursor(), []
     for c in range(calls):
         plans, steps, cursor = schedule.plan_call(numel, itemsize, d, m, slice_bytes, slots,
-                                                  cursor, "add")
+                                                  cursor, slot_reader)
         slices.append(len(plans))
         for step in steps:
             mine = {recorder[w] for w in step.waits if w in recorder}
@@ -155,8 +155,10 @@ def iteration_ends(size: int, c: Cluster, o: Options, buckets: int = 1,
     CUDA-aware futures do not)."""
     slice_bytes = Config(slice_bytes=o.slice_bytes).resolved_slice_bytes(c.gpus, c.machines)
     _, slots = layout.staging_geometry(c.gpus, c.machines, slice_bytes, o.staging_bytes)
+    # a 16-bit wire also stages the diffused rows, so diffuse frees the slot (engine)
+    reader = "diffuse" if o.wire_factor < 1 else "add"
     p = _plan(size // o.itemsize, o.itemsize, c.gpus, c.machines, slice_bytes, slots,
-              buckets * iterations)
+              buckets * iterations, reader)
     ends = [0.0] * iterations
     for k, end in zip(p.call, _run(p, c, o), strict=True):
         it = k // buckets

@@ -94,8 +94,8 @@ def predict_row(c: Cluster, size: int, o: Options, buckets: int) -> dict[str, fl
 def print_table(c: Cluster, rows: list[dict[str, float]], buckets: int) -> None:
     print(f"# MODEL (predicted, not measured): {c.name}: {c.gpus} GPUs/machine, intra "
           f"{c.intra_gbps:g} Gbit/s/GPU {c.intra_lat_us:g} us, network {c.net_gbps:g} "
-          f"Gbit/s/machine {c.net_lat_us:g} us, host {c.host_call_us:g} us/call + "
-          f"{c.host_slice_us:g} us/slice, buckets {buckets}")
+          f"Gbit/s/machine {c.net_lat_us:g} us, host {c.host_call_us:.0f} us/call + "
+          f"{c.host_slice_us:.0f} us/slice, buckets {buckets}")
     if c.source:
         print(f"# source: {c.source}")
     print("# time per step in us; busbw GB/s (nccl-tests); speedup = NCCL time / ringreduce"

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import ringreduce
 from ringreduce import native
 
+from . import faults
 from .cases import check_equal, expected, interleaved, rank_input, sizes_for, sweep
 from .multiproc import run_ranks
 from .test_gpu import _env
@@ -68,18 +69,22 @@ def _killed_worker(rank: int, world: int) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     comm = _healthy(dev)
     assert comm.describe().endswith("issuer=native"), comm.describe()
-    if rank == 1:
+    for _ in range(2):  # the next calls of this size are issued by the worker
+        comm.all_reduce(torch.ones(NUMEL, device=dev))
+    comm.wait_idle()
+    if rank == world - 1:
         for _ in range(OPS):
             comm.all_reduce(torch.ones(NUMEL, device=dev), async_op=True)
         time.sleep(0.02)
+        faults.mark_fault()
         os.kill(os.getpid(), signal.SIGKILL)
-    _survive(comm, dev)  # the error within DEADLINE + SLACK, names stage and size
+    _survive(comm, dev, "killed")  # the error within DEADLINE + SLACK, names stage and size
     _leave()
 
 
 def test_gpu_native_issuer_killed_peer_becomes_an_error_within_the_deadline() -> None:
     run_ranks(_killed_worker, 2, backend="nccl",
-              env=_with_issuer(_env_with_deadline(), "native"), timeout=180,
+              env=_env_with_deadline(2, 1, {"RINGREDUCE_ISSUER": "native"}), timeout=240,
               expect_exit={1: -signal.SIGKILL})
 
 

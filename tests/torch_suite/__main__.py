@@ -1,0 +1,183 @@
+"""The driver: torch's own distributed cases on ringreduce and on the reference backend.
+
+    python -m tests.torch_suite --backend ringreduce --backend gloo --json out.json
+    python -m tests.torch_suite --device cuda --backend ringreduce --backend nccl
+
+Each backend runs the same selection (``selection.PATTERNS``) with 4 ranks as 2 virtual
+machines x 2 (``RINGREDUCE_MACHINES=2``) and the hierarchy forced at every size
+(``RINGREDUCE_MIN_BYTES=0``), split over ``--jobs`` worker processes. It prints the counts
+per backend and every case the reference passes and ringreduce does not; it exits 1 when
+one of those is not in ``selection.NOT_PASSED`` (or a worker died), else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .selection import EXCLUDE, NOT_PASSED, PATTERNS, select
+
+ROOT = Path(__file__).resolve().parents[2]
+OUTCOMES = ("passed", "failed", "error", "skipped")
+REFERENCE = {"cpu": "gloo", "cuda": "nccl"}
+"""The backend ringreduce stands on for each device; also what torch's suite is told."""
+WORLD_SIZE = 4
+WORKER_TIMEOUT_S = 1800
+"""A whole worker; torch's own per-case timeout (``DISTRIBUTED_TESTS_DEFAULT_TIMEOUT``,
+set below) ends a hung case long before."""
+CASE_TIMEOUT_S = 120
+RINGREDUCE_TIMEOUT_S = 60
+"""As torch's suite's process-group timeout (``default_pg_timeout``), so a hang inside
+ringreduce ends as a hang inside gloo would, before the case's own timeout."""
+
+
+def suite_env(backend: str, device: str, temp_dir: str) -> dict[str, str]:
+    """The environment of a worker and (inherited) of its ranks."""
+    env = dict(os.environ)
+    env.update({
+        "BACKEND": REFERENCE[device],  # how torch's suite sees ringreduce: cases.py says why
+        "RR_SUITE_PG": backend,
+        "RR_SUITE_DEVICE": device,
+        "WORLD_SIZE": str(WORLD_SIZE),
+        "TEMP_DIR": temp_dir,
+        "RINGREDUCE_MACHINES": "2",
+        "RINGREDUCE_MIN_BYTES": "0",
+        "RINGREDUCE_TIMEOUT": str(RINGREDUCE_TIMEOUT_S),
+        "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": str(CASE_TIMEOUT_S),
+        "PYTORCH_PRINT_REPRO_ON_FAILURE": "0",
+        "OMP_NUM_THREADS": "1",  # 4 ranks (8 with both backends at once) on few cores
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
+    })
+    if device == "cuda":
+        env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                    "NVSHMEM_DISABLE_NVLS": "1"})
+    return env
+
+
+def list_cases(device: str) -> list[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            [sys.executable, "-m", "tests.torch_suite.worker", "--list"],
+            env=suite_env(REFERENCE[device], device, tmp), cwd=ROOT, check=True,
+            capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def run_shard(backend: str, device: str, cases: list[str], log: Path) -> dict[str, Any]:
+    """One worker process over ``cases``; a case it did not report is an error."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "outcomes.json")
+        # A worker past its time is killed; its cases then count as errors below.
+        with open(log, "w") as f, contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run([sys.executable, "-m", "tests.torch_suite.worker", out, *cases],
+                           env=suite_env(backend, device, tmp), cwd=ROOT, stdout=f,
+                           stderr=subprocess.STDOUT, timeout=WORKER_TIMEOUT_S)
+        outcomes: dict[str, Any] = {}
+        if os.path.exists(out):
+            with open(out) as f:
+                outcomes = json.load(f)
+    for case in cases:
+        outcomes.setdefault(case, {"outcome": "error", "seconds": 0.0,
+                                   "detail": f"the worker did not report it; see {log}"})
+    return outcomes
+
+
+def run_all(backends: list[str], device: str, cases: list[str], jobs: int,
+            log_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every backend's cases, in ``jobs`` shards each, ``jobs`` workers at a time. Shards
+    interleave the cases so that slow neighbours spread out."""
+    shards = [(b, cases[i::jobs], log_dir / f"{b}-{i}.log")
+              for b in backends for i in range(jobs) if cases[i::jobs]]
+    results: dict[str, dict[str, Any]] = {b: {} for b in backends}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [(b, pool.submit(run_shard, b, device, c, log)) for b, c, log in shards]
+        for b, fut in futures:
+            results[b].update(fut.result())
+    return results
+
+
+def not_passed(results: dict[str, dict[str, Any]], backend: str,
+               reference: str) -> list[str]:
+    """Cases the reference passes and ``backend`` does not, in selection order."""
+    return [c for c, r in results[reference].items()
+            if r["outcome"] == "passed" and results[backend][c]["outcome"] != "passed"]
+
+
+def report(results: dict[str, dict[str, Any]], device: str, cases: list[str],
+           seconds: float) -> dict[str, Any]:
+    counts = {b: dict(Counter(r["outcome"] for r in rs.values())) for b, rs in results.items()}
+    print(f"\ntorch's distributed cases, {device}, {WORLD_SIZE} ranks as 2 x 2, "
+          f"{len(cases)} selected, {seconds:.0f} s")
+    print(f"| backend | {' | '.join(OUTCOMES)} |")
+    print(f"|---|{'---|' * len(OUTCOMES)}")
+    for b, c in counts.items():
+        print(f"| {b} | {' | '.join(str(c.get(o, 0)) for o in OUTCOMES)} |")
+    if "ringreduce" in results:
+        passed = [r for r in results["ringreduce"].values() if r["outcome"] == "passed"]
+        engine = [r for r in passed if r.get("engine_ops") and min(r["engine_ops"]) > 0]
+        print(f"ringreduce's engine ran all-reduces in every rank in {len(engine)} of the "
+              f"{len(passed)} cases passed there (the rest reduced nothing it takes)")
+    summary: dict[str, Any] = {"device": device, "seconds": round(seconds), "counts": counts,
+                               "patterns": PATTERNS, "excluded": EXCLUDE, "cases": results}
+    reference = REFERENCE[device]
+    if "ringreduce" not in results or reference not in results:
+        return summary
+    known = NOT_PASSED[device]
+    diff = not_passed(results, "ringreduce", reference)
+    new = [c for c in diff if c not in known]
+    stale = [c for c in known if c in results["ringreduce"]
+             and results["ringreduce"][c]["outcome"] == "passed"]
+    print(f"\n{reference} passes, ringreduce does not: {len(diff)} "
+          f"({len(diff) - len(new)} listed in selection.NOT_PASSED, {len(new)} not)")
+    for c in diff:
+        r = results["ringreduce"][c]
+        print(f"  {c}: {r['outcome']}; " + known.get(c, "NOT LISTED"))
+    for c in new:
+        print(f"\n--- {c} on ringreduce ({results['ringreduce'][c]['outcome']}) ---\n"
+              f"{results['ringreduce'][c]['detail'][-3000:]}")
+    if stale:
+        print(f"\nlisted in selection.NOT_PASSED but passed now (remove them): {stale}")
+    summary.update({"reference": reference, "not_passed": diff, "not_listed": new,
+                    "listed_but_passed": stale})
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.torch_suite", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", action="append", choices=("ringreduce", "gloo", "nccl"),
+                        help="repeat for several; default: ringreduce and the reference")
+    parser.add_argument("--device", choices=tuple(REFERENCE), default="cpu")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
+    parser.add_argument("-k", dest="pattern", help="only cases matching this regex")
+    parser.add_argument("--json", type=Path, help="write counts and every outcome here")
+    parser.add_argument("--logs", type=Path, help="keep each worker's log in this folder")
+    args = parser.parse_args(argv)
+    backends = args.backend or ["ringreduce", REFERENCE[args.device]]
+    cases = select(list_cases(args.device), args.pattern)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        log_dir = args.logs or Path(tmp)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        results = run_all(backends, args.device, cases, args.jobs, log_dir)
+    results = {b: {c: results[b][c] for c in cases} for b in backends}
+    summary = report(results, args.device, cases, time.monotonic() - started)
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+    missing = [c for rs in results.values() for c, r in rs.items()
+               if "worker did not report" in r["detail"]]
+    return 1 if summary.get("not_listed") or missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

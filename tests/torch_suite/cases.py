@@ -43,6 +43,7 @@ from ringreduce.backend import RingReduceGroup
 
 GROUP_BACKEND = os.environ["RR_SUITE_PG"]
 DEVICE = os.environ["RR_SUITE_DEVICE"]
+START_METHOD = os.environ["RR_SUITE_START"]  # "forkserver" or "spawn"
 ONE_GPU = 0
 
 
@@ -85,12 +86,14 @@ class SuiteCase(dt.TestDistBackend, dt.DistributedTest._DistTestBase):
 
     def _spawn_processes(self) -> None:
         # torch spawns every rank afresh: importing torch, its suite and ringreduce took
-        # ~8 s of a case's ~10 on two cores. A fork server that imported them once
+        # ~8 s of a case's ~10 on two cores. On CPU a fork server that imported them once
         # (``worker.py`` preloads this module) forks each rank instead: still a new
-        # process per rank and case, as spawn gives, in a fraction of the time. A forked
-        # rank has the server's environment, not ours: setUp's fresh TEMP_DIR (the
-        # suite's file barrier) travels as an argument.
-        context = torch.multiprocessing.get_context("forkserver")
+        # process per rank and case, in a fraction of the time. CUDA keeps spawn (the
+        # driver's default there): importing torch's suite asks CUDA for its device count,
+        # and CUDA does not survive a fork after that. A rank has the environment of the
+        # process it came from, not ours: setUp's fresh TEMP_DIR (the suite's file
+        # barrier) travels as an argument.
+        context = torch.multiprocessing.get_context(START_METHOD)
         temp_dir = os.environ["TEMP_DIR"]
 
         def process(**options: Any) -> Any:

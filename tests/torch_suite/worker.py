@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
         return 0
     out, names = argv[0], argv[1:]
 
-    # The ranks are forked from a server that has imported the suite (cases.py).
+    # Forked ranks come from a server that has imported the suite (cases.py says why).
     multiprocessing.get_context("forkserver").set_forkserver_preload([SuiteCase.__module__])
 
     suite = unittest.TestSuite(SuiteCase(name) for name in names)

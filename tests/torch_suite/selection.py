@@ -21,18 +21,12 @@ PATTERNS: dict[str, str] = {
 EXCLUDE: dict[str, str] = {}
 """Cases the patterns match that are cut, with the rule that cuts them."""
 
-_CREATE_GRAPH = (
-    "known defect (issue 14, 1), being fixed in main: with create_graph=True DDP "
-    "all-reduces gradients that autograd tracks, and the hierarchical route writes into "
-    "views autograd made (all_gather: 'Output 0 of Split is a view and is being modified "
-    "inplace'); gloo reduces them in place")
 _MONITORED_BARRIER = (
     "cannot apply: torch's dist.monitored_barrier serves only groups whose backend is "
     "named gloo (ValueError 'monitored_barrier is only implemented for GLOO backend.')")
 
 NOT_PASSED: dict[str, dict[str, str]] = {
     "cpu": {
-        "test_ddp_create_graph": _CREATE_GRAPH,
         # Outside the default selection; seen with -k . (the whole suite).
         "test_get_backend": (
             "cannot apply: asserts dist.get_backend() == BACKEND, and the suite is told "

@@ -178,16 +178,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="pattern", help="only cases matching this regex")
     parser.add_argument("--json", type=Path, help="write counts and every outcome here")
     parser.add_argument("--logs", type=Path, help="keep each worker's log in this folder")
+    parser.add_argument("--load", action="append", type=Path, default=[],
+                        help="also take the outcomes in an earlier run's --json (e.g. "
+                             "one backend per run where a run's time is capped)")
     args = parser.parse_args(argv)
-    backends = args.backend or ["ringreduce", REFERENCE[args.device]]
-    cases = select(list_cases(args.device), args.pattern)
+    loaded: dict[str, dict[str, Any]] = {}
+    for path in args.load:
+        loaded.update(json.loads(path.read_text())["cases"])
+    backends = args.backend or ([] if loaded else ["ringreduce", REFERENCE[args.device]])
+    results: dict[str, dict[str, Any]] = {}
+    cases: list[str] = []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
-        log_dir = args.logs or Path(tmp)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        start = args.start or START[args.device]
-        results = run_all(backends, args.device, start, cases, args.jobs, log_dir)
-    results = {b: {c: results[b][c] for c in cases} for b in backends}
+    if backends:
+        cases = select(list_cases(args.device), args.pattern)
+        with tempfile.TemporaryDirectory() as tmp:
+            log_dir = args.logs or Path(tmp)
+            log_dir.mkdir(parents=True, exist_ok=True)
+            start = args.start or START[args.device]
+            results = run_all(backends, args.device, start, cases, args.jobs, log_dir)
+    for b, outcomes in loaded.items():
+        results.setdefault(b, outcomes)
+    order = cases or list(next(iter(loaded.values())))
+    cases = [c for c in order if all(c in outcomes for outcomes in results.values())]
+    results = {b: {c: outcomes[c] for c in cases} for b, outcomes in results.items()}
     summary = report(results, args.device, cases, time.monotonic() - started)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))

@@ -13,9 +13,9 @@ one of those is not in ``selection.NOT_PASSED`` (or a worker died), else 0.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,9 +32,7 @@ OUTCOMES = ("passed", "failed", "error", "skipped")
 REFERENCE = {"cpu": "gloo", "cuda": "nccl"}
 """The backend ringreduce stands on for each device; also what torch's suite is told."""
 WORLD_SIZE = 4
-WORKER_TIMEOUT_S = 1800
-"""A whole worker; torch's own per-case timeout (``DISTRIBUTED_TESTS_DEFAULT_TIMEOUT``,
-set below) ends a hung case long before."""
+NOT_REPORTED = "not reported"
 CASE_TIMEOUT_S = 120
 RINGREDUCE_TIMEOUT_S = 60
 """As torch's suite's process-group timeout (``default_pg_timeout``), so a hang inside
@@ -79,35 +77,44 @@ def list_cases(device: str) -> list[str]:
     return out.stdout.split()
 
 
-def run_shard(backend: str, device: str, start: str, cases: list[str],
-              log: Path) -> dict[str, Any]:
-    """One worker process over ``cases``; a case it did not report is an error."""
+def run_shard(backend: str, device: str, start: str, cases: list[str], log: Path,
+              deadline: float) -> dict[str, Any]:
+    """One worker process over ``cases``, stopped at ``deadline`` (``time.monotonic``)
+    with every process it started; a case it did not report is an error."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "outcomes.json")
-        # A worker past its time is killed; its cases then count as errors below.
-        with open(log, "w") as f, contextlib.suppress(subprocess.TimeoutExpired):
-            subprocess.run([sys.executable, "-m", "tests.torch_suite.worker", out, *cases],
-                           env=suite_env(backend, device, tmp, start), cwd=ROOT, stdout=f,
-                           stderr=subprocess.STDOUT, timeout=WORKER_TIMEOUT_S)
+        with open(log, "w") as f:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "tests.torch_suite.worker", out, *cases],
+                env=suite_env(backend, device, tmp, start), cwd=ROOT, stdout=f,
+                stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                worker.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)  # its session: ranks, fork server
+                worker.wait()
         outcomes: dict[str, Any] = {}
         if os.path.exists(out):
             with open(out) as f:
                 outcomes = json.load(f)
     for case in cases:
-        outcomes.setdefault(case, {"outcome": "error", "seconds": 0.0,
-                                   "detail": f"the worker did not report it; see {log}"})
+        outcomes.setdefault(case, {"outcome": "error", "seconds": 0.0, "detail": (
+            f"{NOT_REPORTED}: not finished within --time-limit, or the worker died; "
+            f"see {log}")})
     return outcomes
 
 
 def run_all(backends: list[str], device: str, start: str, cases: list[str], jobs: int,
-            log_dir: Path) -> dict[str, dict[str, Any]]:
+            log_dir: Path, deadline: float) -> dict[str, dict[str, Any]]:
     """Every backend's cases, in ``jobs`` shards each, ``jobs`` workers at a time. Shards
-    interleave the cases so that slow neighbours spread out."""
+    interleave the cases so that slow neighbours spread out, and start alternating
+    backends so that both progress alike under ``--time-limit``."""
     shards = [(b, cases[i::jobs], log_dir / f"{b}-{i}.log")
-              for b in backends for i in range(jobs) if cases[i::jobs]]
+              for i in range(jobs) for b in backends if cases[i::jobs]]
     results: dict[str, dict[str, Any]] = {b: {} for b in backends}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [(b, pool.submit(run_shard, b, device, start, c, log)) for b, c, log in shards]
+        futures = [(b, pool.submit(run_shard, b, device, start, c, log, deadline))
+                   for b, c, log in shards]
         for b, fut in futures:
             results[b].update(fut.result())
     return results
@@ -118,6 +125,12 @@ def not_passed(results: dict[str, dict[str, Any]], backend: str,
     """Cases the reference passes and ``backend`` does not, in selection order."""
     return [c for c, r in results[reference].items()
             if r["outcome"] == "passed" and results[backend][c]["outcome"] != "passed"]
+
+
+def unreported(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Cases some worker did not finish (time limit, crash): never a pass."""
+    return sorted({c for outcomes in results.values() for c, r in outcomes.items()
+                   if r["detail"].startswith(NOT_REPORTED)})
 
 
 def report(results: dict[str, dict[str, Any]], device: str, cases: list[str],
@@ -161,8 +174,8 @@ def report(results: dict[str, dict[str, Any]], device: str, cases: list[str],
     # skipped otherwise (listed, or not passed by the reference).
     both = sum(results["ringreduce"][c]["outcome"] == "passed"
                and results[reference][c]["outcome"] == "passed" for c in cases)
-    print(f"\nconformance: {both} passed, {len(new)} failed, "
-          f"{len(cases) - both - len(new)} skipped")
+    failed = len(set(new) | set(unreported(results)))
+    print(f"\nconformance: {both} passed, {failed} failed, {len(cases) - both - failed} skipped")
     return summary
 
 
@@ -175,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
     parser.add_argument("--start", choices=("forkserver", "spawn"),
                         help="how ranks start (default: forkserver on cpu, spawn on cuda)")
+    parser.add_argument("--time-limit", type=float, default=1800.0, metavar="S",
+                        help="stop every worker S seconds after the start; what finished "
+                             "is reported, the rest counts as errors (torch's own limit "
+                             f"per case is {CASE_TIMEOUT_S} s)")
     parser.add_argument("-k", dest="pattern", help="only cases matching this regex")
     parser.add_argument("--json", type=Path, help="write counts and every outcome here")
     parser.add_argument("--logs", type=Path, help="keep each worker's log in this folder")
@@ -195,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             log_dir = args.logs or Path(tmp)
             log_dir.mkdir(parents=True, exist_ok=True)
             start = args.start or START[args.device]
-            results = run_all(backends, args.device, start, cases, args.jobs, log_dir)
+            results = run_all(backends, args.device, start, cases, args.jobs, log_dir,
+                              started + args.time_limit)
     for b, outcomes in loaded.items():
         results.setdefault(b, outcomes)
     order = cases or list(next(iter(loaded.values())))
@@ -204,9 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = report(results, args.device, cases, time.monotonic() - started)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
-    missing = [c for rs in results.values() for c, r in rs.items()
-               if "worker did not report" in r["detail"]]
-    return 1 if summary.get("not_listed") or missing else 0
+    return 1 if summary.get("not_listed") or unreported(results) else 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import sys
 import time
 import unittest
@@ -23,9 +24,10 @@ DETAIL_CHARS = 6000
 class _Outcomes(unittest.TestResult):
     """unittest's result, kept per case: passed / failed / error / skipped."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: str) -> None:
         super().__init__()
         self.cases: dict[str, dict[str, Any]] = {}
+        self._out = out
         self._started = 0.0
 
     def startTest(self, test: unittest.TestCase) -> None:
@@ -39,6 +41,11 @@ class _Outcomes(unittest.TestResult):
                                    "detail": detail[-DETAIL_CHARS:],
                                    "engine_ops": getattr(test, "engine_ops", None)}
         print(f"    {outcome} ({seconds} s)", flush=True)
+        # After every case, so that a worker stopped at the driver's time limit keeps
+        # what it finished; written whole, then renamed, so it is never half a file.
+        with open(self._out + ".part", "w") as f:
+            json.dump(self.cases, f, indent=1)
+        os.replace(self._out + ".part", self._out)
 
     def addSuccess(self, test: unittest.TestCase) -> None:
         super().addSuccess(test)
@@ -81,10 +88,7 @@ def main(argv: list[str]) -> int:
     multiprocessing.get_context("forkserver").set_forkserver_preload([SuiteCase.__module__])
 
     suite = unittest.TestSuite(SuiteCase(name) for name in names)
-    result = _Outcomes()
-    suite.run(result)
-    with open(out, "w") as f:
-        json.dump(result.cases, f, indent=1)
+    suite.run(_Outcomes(out))
     return 0
 
 

@@ -97,7 +97,7 @@ class SuiteCase(dt.TestDistBackend, dt.DistributedTest._DistTestBase):
         temp_dir = os.environ["TEMP_DIR"]
 
         def process(**options: Any) -> Any:
-            options["kwargs"] = {**options["kwargs"], "temp_dir": temp_dir}
+            options["kwargs"] = {**options.get("kwargs", {}), "temp_dir": temp_dir}
             return context.Process(**options)
 
         self._start_processes(process)

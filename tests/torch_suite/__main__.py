@@ -64,7 +64,11 @@ def suite_env(backend: str, device: str, temp_dir: str,
     })
     if device == "cuda":
         env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                    "NVSHMEM_DISABLE_NVLS": "1"})
+                    "NVSHMEM_DISABLE_NVLS": "1",
+                    # torch.cuda.is_available() through NVML, not the CUDA driver, so that
+                    # importing torch's suite leaves CUDA untouched (needed by --start
+                    # forkserver; harmless with spawn).
+                    "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
     return env
 
 

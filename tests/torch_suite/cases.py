@@ -89,10 +89,11 @@ class SuiteCase(dt.TestDistBackend, dt.DistributedTest._DistTestBase):
         # ~8 s of a case's ~10 on two cores. On CPU a fork server that imported them once
         # (``worker.py`` preloads this module) forks each rank instead: still a new
         # process per rank and case, in a fraction of the time. CUDA keeps spawn (the
-        # driver's default there): importing torch's suite asks CUDA for its device count,
-        # and CUDA does not survive a fork after that. A rank has the environment of the
-        # process it came from, not ours: setUp's fresh TEMP_DIR (the suite's file
-        # barrier) travels as an argument.
+        # driver's default there): CUDA does not survive a fork once the forking process
+        # has initialised it, and whether importing torch's suite does (the driver asks
+        # torch to count devices through NVML) has not been tried on a GPU. A rank has
+        # the environment of the process it came from, not ours: setUp's fresh TEMP_DIR
+        # (the suite's file barrier) travels as an argument.
         context = torch.multiprocessing.get_context(START_METHOD)
         temp_dir = os.environ["TEMP_DIR"]
 

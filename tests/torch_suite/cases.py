@@ -1,5 +1,5 @@
 """torch's ``DistributedTest._DistTestBase`` cases as one unittest class, run on a chosen
-process-group backend. Imported by the worker and, through spawn, by every rank.
+process-group backend. Imported by the worker and (spawn, fork server) by every rank.
 
 How ringreduce is presented to torch's suite: the module reads ``BACKEND`` once at import
 and uses the string twice, in decorators that gate cases (``BACKEND != "gloo"`` ...) and in

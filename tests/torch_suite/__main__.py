@@ -43,8 +43,8 @@ START = {"cpu": "forkserver", "cuda": "spawn"}
 """How ranks start by default (cases.py's ``_spawn_processes`` says why)."""
 
 
-def suite_env(backend: str, device: str, temp_dir: str,
-              start: str = "spawn") -> dict[str, str]:
+def suite_env(backend: str, device: str, temp_dir: str, start: str = "spawn",
+              gpus: int = 1) -> dict[str, str]:
     """The environment of a worker and (inherited) of its ranks."""
     env = dict(os.environ)
     env.update({
@@ -52,6 +52,7 @@ def suite_env(backend: str, device: str, temp_dir: str,
         "RR_SUITE_PG": backend,
         "RR_SUITE_DEVICE": device,
         "RR_SUITE_START": start,
+        "RR_SUITE_GPUS": str(gpus),
         "WORLD_SIZE": str(WORLD_SIZE),
         "TEMP_DIR": temp_dir,
         "RINGREDUCE_MACHINES": "2",
@@ -81,8 +82,8 @@ def list_cases(device: str) -> list[str]:
     return out.stdout.split()
 
 
-def run_shard(backend: str, device: str, start: str, cases: list[str], log: Path,
-              deadline: float) -> dict[str, Any]:
+def run_shard(backend: str, device: str, start: str, gpus: int, cases: list[str],
+              log: Path, deadline: float) -> dict[str, Any]:
     """One worker process over ``cases``, stopped at ``deadline`` (``time.monotonic``)
     with every process it started; a case it did not report is an error."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,7 +91,7 @@ def run_shard(backend: str, device: str, start: str, cases: list[str], log: Path
         with open(log, "w") as f:
             worker = subprocess.Popen(
                 [sys.executable, "-m", "tests.torch_suite.worker", out, *cases],
-                env=suite_env(backend, device, tmp, start), cwd=ROOT, stdout=f,
+                env=suite_env(backend, device, tmp, start, gpus), cwd=ROOT, stdout=f,
                 stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 worker.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -108,8 +109,8 @@ def run_shard(backend: str, device: str, start: str, cases: list[str], log: Path
     return outcomes
 
 
-def run_all(backends: list[str], device: str, start: str, cases: list[str], jobs: int,
-            log_dir: Path, deadline: float) -> dict[str, dict[str, Any]]:
+def run_all(backends: list[str], device: str, start: str, gpus: int, cases: list[str],
+            jobs: int, log_dir: Path, deadline: float) -> dict[str, dict[str, Any]]:
     """Every backend's cases, in ``jobs`` shards each, ``jobs`` workers at a time. Shards
     interleave the cases so that slow neighbours spread out, and start alternating
     backends so that both progress alike under ``--time-limit``."""
@@ -117,7 +118,7 @@ def run_all(backends: list[str], device: str, start: str, cases: list[str], jobs
               for i in range(jobs) for b in backends if cases[i::jobs]]
     results: dict[str, dict[str, Any]] = {b: {} for b in backends}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [(b, pool.submit(run_shard, b, device, start, c, log, deadline))
+        futures = [(b, pool.submit(run_shard, b, device, start, gpus, c, log, deadline))
                    for b, c, log in shards]
         for b, fut in futures:
             results[b].update(fut.result())
@@ -189,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", action="append", choices=("ringreduce", "gloo", "nccl"),
                         help="repeat for several; default: ringreduce and the reference")
     parser.add_argument("--device", choices=tuple(REFERENCE), default="cpu")
+    parser.add_argument("--gpus", type=int, choices=(1, WORLD_SIZE), default=1,
+                        help="cuda: 1 = every rank on cuda:0 (under MPS); 4 = rank r on "
+                             "cuda:r (the cases that index devices by rank run too)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
     parser.add_argument("--start", choices=("forkserver", "spawn"),
                         help="how ranks start (default: forkserver on cpu, spawn on cuda)")
@@ -216,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             log_dir = args.logs or Path(tmp)
             log_dir.mkdir(parents=True, exist_ok=True)
             start = args.start or START[args.device]
-            results = run_all(backends, args.device, start, cases, args.jobs, log_dir,
-                              started + args.time_limit)
+            results = run_all(backends, args.device, start, args.gpus, cases, args.jobs,
+                              log_dir, started + args.time_limit)
     for b, outcomes in loaded.items():
         results.setdefault(b, outcomes)
     order = cases or list(next(iter(loaded.values())))

@@ -16,12 +16,15 @@ plain gloo/NCCL group, and a test asserting ``get_backend() == BACKEND`` sees "r
 ``require_backend_is_available``; it would still skip every gloo- and NCCL-gated case, so it
 is not used.
 
-CUDA (``RR_SUITE_DEVICE=cuda``): every rank runs on ``cuda:0`` (4 ranks on one GPU under
-MPS). The suite maps rank -> GPU through ``init_multigpu_helper`` and skips on GPU counts
-through four decorators; they are replaced *before* torch's module binds them, so that
-the map says device 0 for every rank and the decorators ask for one GPU. Cases that index
-devices by rank themselves (``.cuda(rank)``, ``set_device(rank)``) then fail with an
-invalid device ordinal on the reference too, and so never count against ringreduce.
+CUDA (``RR_SUITE_DEVICE=cuda``), one GPU (``RR_SUITE_GPUS=1``): every rank runs on
+``cuda:0`` (4 ranks on one GPU under MPS, one NCCL host id each). The suite maps rank -> GPU
+through ``init_multigpu_helper`` and skips on GPU counts through four decorators; they are
+replaced *before* torch's module binds them, so that the map says device 0 for every rank
+and the decorators ask for one GPU. Cases that index devices by rank themselves
+(``.to(rank)``, ``device_ids=[rank]``, ``.cuda(rank)``, as the comm-hook parity tests do)
+then fail with an invalid device ordinal on the reference too, and so never count against
+ringreduce. With 4 GPUs (``RR_SUITE_GPUS=4``) nothing is replaced: rank r on ``cuda:r``,
+one NCCL host id per virtual machine, and those cases run.
 """
 
 from __future__ import annotations
@@ -44,7 +47,10 @@ from ringreduce.backend import RingReduceGroup
 GROUP_BACKEND = os.environ["RR_SUITE_PG"]
 DEVICE = os.environ["RR_SUITE_DEVICE"]
 START_METHOD = os.environ["RR_SUITE_START"]  # "forkserver" or "spawn"
+SHARED_GPU = os.environ.get("RR_SUITE_GPUS", "1") == "1"
+"""CUDA: every rank on ``cuda:0``; else rank r on ``cuda:r``, as torch's suite has it."""
 ONE_GPU = 0
+RANKS_PER_MACHINE = 2
 
 
 def _needs_one_gpu(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -69,7 +75,7 @@ def _share_one_gpu() -> None:
     common_distributed.require_n_gpus_for_nccl_backend = lambda n, backend: _needs_one_gpu
 
 
-if DEVICE == "cuda":
+if DEVICE == "cuda" and SHARED_GPU:
     _share_one_gpu()
 
 from torch.testing._internal.distributed import distributed_test as dt  # noqa: E402
@@ -114,10 +120,15 @@ class SuiteCase(dt.TestDistBackend, dt.DistributedTest._DistTestBase):
         self = cls(test_name)
         self.rank = rank
         self.file_name = file_name
-        if DEVICE == "cuda":
+        if DEVICE == "cuda" and SHARED_GPU:
             # NCCL refuses two ranks with one host id on one GPU.
             os.environ["NCCL_HOSTID"] = f"suite-rank{rank}"
             torch.cuda.set_device(ONE_GPU)
+        elif DEVICE == "cuda":
+            # One GPU per rank: NCCL sees the virtual machines as hosts, as
+            # RINGREDUCE_MACHINES=2 splits them (contiguous ranks).
+            os.environ["NCCL_HOSTID"] = f"suite-vm{rank // RANKS_PER_MACHINE}"
+            torch.cuda.set_device(rank)
         seconds = dt.CUSTOM_PG_TIMEOUT.get(test_name, dt.default_pg_timeout)
         dist.init_process_group(init_method=self.init_method, backend=GROUP_BACKEND,
                                 world_size=int(self.world_size), rank=rank,

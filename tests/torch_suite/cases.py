@@ -29,6 +29,7 @@ one NCCL host id per virtual machine, and those cases run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -112,6 +113,9 @@ class SuiteCase(dt.TestDistBackend, dt.DistributedTest._DistTestBase):
     def tearDown(self) -> None:
         self.engine_ops = _read_engine_ops(os.environ["TEMP_DIR"], int(self.world_size))
         super().tearDown()  # removes TEMP_DIR
+        # torch's setUp leaves the ranks' FileStore file behind (delete=False).
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.file_name)
 
     @classmethod
     def _run(cls, rank: int, test_name: str, file_name: str, pipe: Any,

@@ -37,8 +37,6 @@ CASE_TIMEOUT_S = 120
 RINGREDUCE_TIMEOUT_S = 60
 """As torch's suite's process-group timeout (``default_pg_timeout``), so a hang inside
 ringreduce ends as a hang inside gloo would, before the case's own timeout."""
-
-
 START = {"cpu": "forkserver", "cuda": "spawn"}
 """How ranks start by default (cases.py's ``_spawn_processes`` says why)."""
 
@@ -138,8 +136,8 @@ def unreported(results: dict[str, dict[str, Any]]) -> list[str]:
                    if r["detail"].startswith(NOT_REPORTED)})
 
 
-def report(results: dict[str, dict[str, Any]], device: str, cases: list[str],
-           seconds: float) -> dict[str, Any]:
+def print_counts(results: dict[str, dict[str, Any]], device: str, cases: list[str],
+                 seconds: float) -> dict[str, dict[str, int]]:
     counts = {b: dict(Counter(r["outcome"] for r in rs.values())) for b, rs in results.items()}
     print(f"\ntorch's distributed cases, {device}, {WORLD_SIZE} ranks as 2 x 2, "
           f"{len(cases)} selected, {seconds:.0f} s")
@@ -152,12 +150,14 @@ def report(results: dict[str, dict[str, Any]], device: str, cases: list[str],
         engine = [r for r in passed if r.get("engine_ops") and min(r["engine_ops"]) > 0]
         print(f"ringreduce's engine ran all-reduces in every rank in {len(engine)} of the "
               f"{len(passed)} cases passed there (the rest reduced nothing it takes)")
-    summary: dict[str, Any] = {"device": device, "seconds": round(seconds), "counts": counts,
-                               "patterns": PATTERNS, "excluded": EXCLUDE, "cases": results}
-    reference = REFERENCE[device]
-    if "ringreduce" not in results or reference not in results:
-        return summary
-    known = NOT_PASSED[device]
+    return counts
+
+
+def compare(results: dict[str, dict[str, Any]], device: str,
+            cases: list[str]) -> dict[str, Any]:
+    """Print and return what the reference passes and ringreduce does not, and the
+    verdict."""
+    reference, known = REFERENCE[device], NOT_PASSED[device]
     diff = not_passed(results, "ringreduce", reference)
     new = [c for c in diff if c not in known]
     stale = [c for c in known if c in results["ringreduce"]
@@ -165,48 +165,50 @@ def report(results: dict[str, dict[str, Any]], device: str, cases: list[str],
     print(f"\n{reference} passes, ringreduce does not: {len(diff)} "
           f"({len(diff) - len(new)} listed in selection.NOT_PASSED, {len(new)} not)")
     for c in diff:
-        r = results["ringreduce"][c]
-        print(f"  {c}: {r['outcome']}; " + known.get(c, "NOT LISTED"))
+        print(f"  {c}: {results['ringreduce'][c]['outcome']}; " + known.get(c, "NOT LISTED"))
     for c in new:
         print(f"\n--- {c} on ringreduce ({results['ringreduce'][c]['outcome']}) ---\n"
               f"{results['ringreduce'][c]['detail'][-3000:]}")
     if stale:
         print(f"\nlisted in selection.NOT_PASSED but passed now (remove them): {stale}")
-    summary.update({"reference": reference, "not_passed": diff, "not_listed": new,
-                    "listed_but_passed": stale})
     # The verdict in the closing-line form CI logs understand: a case passes when both
-    # backends pass it, fails when only the reference does and it is not listed, and is
-    # skipped otherwise (listed, or not passed by the reference).
+    # backends pass it, fails when only the reference does and it is not listed (or a
+    # worker never reported it), and is skipped otherwise.
     both = sum(results["ringreduce"][c]["outcome"] == "passed"
                and results[reference][c]["outcome"] == "passed" for c in cases)
     failed = len(set(new) | set(unreported(results)))
     print(f"\nconformance: {both} passed, {failed} failed, {len(cases) - both - failed} skipped")
-    return summary
+    return {"reference": reference, "not_passed": diff, "not_listed": new,
+            "listed_but_passed": stale}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tests.torch_suite", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", action="append", choices=("ringreduce", "gloo", "nccl"),
+                   help="repeat for several; default: ringreduce and the reference")
+    p.add_argument("--device", choices=tuple(REFERENCE), default="cpu")
+    p.add_argument("--gpus", type=int, choices=(1, WORLD_SIZE), default=1,
+                   help="cuda: 1 = every rank on cuda:0 (under MPS); 4 = rank r on cuda:r "
+                        "(the cases that index devices by rank run too)")
+    p.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
+    p.add_argument("--start", choices=("forkserver", "spawn"),
+                   help="how ranks start (default: forkserver on cpu, spawn on cuda)")
+    p.add_argument("--time-limit", type=float, default=1800.0, metavar="S",
+                   help="stop every worker S seconds after the start; what finished is "
+                        "reported, the rest counts as errors (torch's own limit per case "
+                        f"is {CASE_TIMEOUT_S} s)")
+    p.add_argument("-k", dest="pattern", help="only cases matching this regex")
+    p.add_argument("--json", type=Path, help="write counts and every outcome here")
+    p.add_argument("--logs", type=Path, help="keep each worker's log in this folder")
+    p.add_argument("--load", action="append", type=Path, default=[],
+                   help="also take the outcomes in an earlier run's --json (e.g. one "
+                        "backend per run where a run's time is capped)")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.torch_suite", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", action="append", choices=("ringreduce", "gloo", "nccl"),
-                        help="repeat for several; default: ringreduce and the reference")
-    parser.add_argument("--device", choices=tuple(REFERENCE), default="cpu")
-    parser.add_argument("--gpus", type=int, choices=(1, WORLD_SIZE), default=1,
-                        help="cuda: 1 = every rank on cuda:0 (under MPS); 4 = rank r on "
-                             "cuda:r (the cases that index devices by rank run too)")
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
-    parser.add_argument("--start", choices=("forkserver", "spawn"),
-                        help="how ranks start (default: forkserver on cpu, spawn on cuda)")
-    parser.add_argument("--time-limit", type=float, default=1800.0, metavar="S",
-                        help="stop every worker S seconds after the start; what finished "
-                             "is reported, the rest counts as errors (torch's own limit "
-                             f"per case is {CASE_TIMEOUT_S} s)")
-    parser.add_argument("-k", dest="pattern", help="only cases matching this regex")
-    parser.add_argument("--json", type=Path, help="write counts and every outcome here")
-    parser.add_argument("--logs", type=Path, help="keep each worker's log in this folder")
-    parser.add_argument("--load", action="append", type=Path, default=[],
-                        help="also take the outcomes in an earlier run's --json (e.g. "
-                             "one backend per run where a run's time is capped)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     loaded: dict[str, dict[str, Any]] = {}
     for path in args.load:
         loaded.update(json.loads(path.read_text())["cases"])
@@ -227,7 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     order = cases or list(next(iter(loaded.values())))
     cases = [c for c in order if all(c in outcomes for outcomes in results.values())]
     results = {b: {c: outcomes[c] for c in cases} for b, outcomes in results.items()}
-    summary = report(results, args.device, cases, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    counts = print_counts(results, args.device, cases, seconds)
+    summary: dict[str, Any] = {"device": args.device, "seconds": round(seconds),
+                               "counts": counts, "patterns": PATTERNS, "excluded": EXCLUDE,
+                               "cases": results}
+    if "ringreduce" in results and REFERENCE[args.device] in results:
+        summary.update(compare(results, args.device, cases))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
     return 1 if summary.get("not_listed") or unreported(results) else 0

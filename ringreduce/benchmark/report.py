@@ -67,7 +67,7 @@ def header(info: RunInfo, a: argparse.Namespace) -> str:
         f"# NCCL env: {nccl}",
         f"#{'':>32}" + "".join(f" {label:<{len(sub)}}" for _, label in _IMPLS),
         f"#{'size':>11} {'type':>8} {'redop':>5} {'route':>5}" + f" {sub}" * 3
-        + f"  {'ratio':>6} {'2lvl':>6}" + (f"  {'eff':>5} {'eff':>5} {'eff':>5}"
+        + f"  {'ratio':>6} {'2lvl':>6}" + ("  link efficiency rr / flat / 2lvl"
                                            if a.link_gbit else ""),
     ]
     return "\n".join(lines)

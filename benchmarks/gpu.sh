@@ -96,6 +96,7 @@ perf)
 faults)
   step gpu_faults 240 python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
     python3 -m pytest -m gpu tests -k fault -p no:cacheprovider -v -rs
+  # exit 1 is the expected outcome here: every rank must raise, none may hang
   step link_cut 200 env RINGREDUCE_TIMEOUT=${CUT_TIMEOUT_S:-20} $E --machines 2 --gpus-per-machine 2 \
     $CAP --cut-link "1:${CUT_S:-60}" --cut-grace 90 --script benchmarks/soak.py -- \
     --calls 10000000 --min-bytes 65536
@@ -103,6 +104,11 @@ faults)
     echo "== link cut (expect every rank to end with RingReduceError within RINGREDUCE_TIMEOUT):"
     grep -hE "^# emulate: (cut|rank|ranks)" "$W/link_cut.log"
     grep -hoE "RingReduceError: .{0,220}" "$W/link_cut.log" | sort -u | head -4
+    ended=$(grep -cE "^# emulate: rank [0-9]+ ended" "$W/link_cut.log")
+    raised=$(grep -cE "^\[rank[0-9]+\]: ringreduce.errors.RingReduceError" "$W/link_cut.log")
+    slowest=$(grep -oE "ended [0-9.]+ s after" "$W/link_cut.log" | awk '{print $2}' | sort -n | tail -1)
+    verdict=FAIL; [ "$ended" = 4 ] && [ "$raised" = 4 ] && verdict=PASS
+    echo "link cut: $verdict ($ended/4 ranks ended, $raised raised RingReduceError, slowest ${slowest:-?} s after the cut; deadline ${CUT_TIMEOUT_S:-20} s)"
   } > "$W/summary_body.txt" ;;
 soak)
   step soak_2x2 420 $E --machines 2 --gpus-per-machine 2 --mode loopback --script benchmarks/soak.py -- \

@@ -134,9 +134,10 @@ class Communicator:
         run = collectives.reduce_scatter if hier else collectives.flat_reduce_scatter
         return self._call("reduce_scatter", input, op_name, async_op, output,
                           lambda rec: self._issue_inline(
-                              lambda ctx, s: run(output, input, op_name, ctx, s), rec,
-                              async_op, output),
-                          lambda rec: run(output, input, op_name, self._ctx(rec), None),
+                              lambda ctx, s: run(_untracked(output), _untracked(input), op_name,
+                                                 ctx, s), rec, async_op, output),
+                          lambda rec: run(_untracked(output), _untracked(input), op_name,
+                                          self._ctx(rec), None),
                           "hierarchical" if hier else "flat")
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor,
@@ -151,8 +152,10 @@ class Communicator:
         run = collectives.all_gather if hier else collectives.flat_all_gather
         return self._call("all_gather", output, "-", async_op, output,
                           lambda rec: self._issue_inline(
-                              lambda ctx, s: run(output, input, ctx, s), rec, async_op, output),
-                          lambda rec: run(output, input, self._ctx(rec), None),
+                              lambda ctx, s: run(_untracked(output), _untracked(input), ctx, s),
+                              rec, async_op, output),
+                          lambda rec: run(_untracked(output), _untracked(input), self._ctx(rec),
+                                          None),
                           "hierarchical" if hier else "flat")
 
     def _call(self, kind: str, t: torch.Tensor, op: str, async_op: bool, result: torch.Tensor,
@@ -234,6 +237,7 @@ class Communicator:
         call, or "" when the work went onto the caller's stream (nothing to wait for)."""
         if t.numel() == 0:
             return ""
+        t = _untracked(t)
         res, ctx = self._res, self._ctx(record)
         if self._route_flat(t):
             record.route = "flat"
@@ -333,6 +337,11 @@ class Communicator:
         res.watchdog.watch(record.op_number, f"{record.kind} of {record.numel} x {record.dtype}",
                            done)
 
+    def raise_if_failed(self, op_number: int) -> None:
+        """Raise RingReduceError if operation ``op_number`` (or one before it) failed;
+        on CUDA as far as the watchdog knows now (it never waits for the device)."""
+        self._res.guard.raise_if_failed(op_number)
+
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Block the host until every issued call finished on the device (True), or
         ``timeout_s`` passed (False). Raises RingReduceError when an operation failed
@@ -385,6 +394,15 @@ def _stage_ends(last: str, devices: int) -> list[tuple[str, str]]:
     if last == FLAT:
         return [(FLAT, FLAT)]
     return [(s, s) for s in schedule.active_stages(devices)]
+
+
+def _untracked(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s memory without autograd's view of it. The stages write views of the
+    caller's tensor in place; autograd refuses that for a leaf that requires grad, or
+    a view an op like ``split`` made ("... is being modified inplace"), while gloo and
+    NCCL write through C++ and never ask it. ``dist.all_reduce`` does not record the
+    reduction in the graph either, so neither do we."""
+    return t.detach() if t.requires_grad else t
 
 
 def _device_of(group: dist.ProcessGroup) -> torch.device:

@@ -27,6 +27,8 @@ class Guard:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.recorder = recorder
         self.failure: RingReduceError | None = None
+        self.failed_op = 0
+        """Number of the operation that failed first (0: none, or unknown)."""
         self.checks = 0
         """Calls checked so far: the store key of a check, so a retry after a mismatch
         never reads the previous attempt's fingerprints."""
@@ -64,7 +66,14 @@ class Guard:
     def fail(self, exc: RingReduceError, record: Record | None) -> None:
         if self.failure is None:
             self.failure = exc
+            self.failed_op = record.op_number if record else 0
             self.recorder.dump(f"operation #{record.op_number if record else '?'} failed: {exc}")
+
+    def raise_if_failed(self, op_number: int) -> None:
+        """Raise the failure if it hit operation ``op_number`` (work issued after a
+        failed operation ran behind it on the same streams, or was refused)."""
+        if self.failure is not None and self.failed_op <= op_number:
+            raise RingReduceError(str(self.failure)) from self.failure
 
     @staticmethod
     def finish(record: Record) -> None:

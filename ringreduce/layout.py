@@ -63,18 +63,15 @@ def plan_slices(numel: int, itemsize: int, devices: int, machines: int,
     return tuple(plans)
 
 
-def staging_slot_elements(itemsize: int, devices: int, machines: int,
-                          slice_bytes: int) -> int:
-    """Elements of one staging slot: the (M-1) rows of k a full slice receives."""
-    step = slice_elements(itemsize, devices, machines, slice_bytes)
-    return (machines - 1) * (step // (devices * machines))
-
-
-def staging_slots(itemsize: int, devices: int, machines: int, slice_bytes: int,
-                  staging_bytes: int) -> int:
-    """How many staging slots fit the budget. At least 2, so that `collect` of the
-    next slice can overlap `add` of this one even under a tiny budget."""
-    slot = staging_slot_elements(itemsize, devices, machines, slice_bytes) * itemsize
+def staging_geometry(devices: int, machines: int, slice_bytes: int,
+                     staging_bytes: int) -> tuple[int, int]:
+    """(bytes of one staging slot, slot count). A slot holds the (M-1) collect rows of
+    the largest shard any dtype's full slice has (a shard is at most
+    slice_bytes / (D*M) bytes, at least one 16-byte unit), so one geometry serves every
+    dtype. At least 2 slots, so that ``collect`` of the next slice can overlap ``add``
+    of this one even under a tiny budget; no slots at all on one machine."""
+    shard = max(ALIGN_BYTES, slice_bytes // (devices * machines))
+    slot = (machines - 1) * (-(-shard // ALIGN_BYTES) * ALIGN_BYTES)
     if slot == 0:
-        return 2
-    return max(2, staging_bytes // slot)
+        return 0, 0
+    return slot, max(2, staging_bytes // slot)

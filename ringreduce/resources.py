@@ -170,7 +170,8 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
         topo = topology.from_host_ids(hosts, rank)
     is_cuda = device.type == "cuda"
     slice_bytes = config.resolved_slice_bytes(topo.devices_per_machine, topo.machines)
-    slot_bytes, slots = _staging_geometry(topo, slice_bytes, config.staging_bytes)
+    slot_bytes, slots = layout.staging_geometry(topo.devices_per_machine, topo.machines,
+                                                slice_bytes, config.staging_bytes)
     buffers = Buffers(topo, slot_bytes, slots if topo.machines > 1 else 0,
                       layout.PADDING_SLOTS, device)
     res = Resources(topo, is_cuda, device, slice_bytes, slots, None, None, buffers)
@@ -201,16 +202,6 @@ def _rank_order(topo: Topology, device: torch.device) -> torch.Tensor:
     order = [topo.ranks[m][d] for d in range(topo.devices_per_machine)
              for m in range(topo.machines)]
     return torch.tensor(order, dtype=torch.int64).to(device)
-
-
-def _staging_geometry(topo: Topology, slice_bytes: int, budget: int) -> tuple[int, int]:
-    """Bytes of one staging slot (dtype-independent: a shard is at most
-    slice_bytes / (D*M) bytes, and at least one 16-byte unit) and the slot count."""
-    shard = max(layout.ALIGN_BYTES, slice_bytes // (topo.devices_per_machine * topo.machines))
-    slot = (topo.machines - 1) * (-(-shard // layout.ALIGN_BYTES) * layout.ALIGN_BYTES)
-    if slot == 0:
-        return 0, 0
-    return slot, max(2, budget // slot)
 
 
 def _build_cuda(res: Resources, store: dist.Store, config: Config) -> None:

@@ -23,6 +23,13 @@ def _exact_worker(rank: int, world: int, machines: int, wire: torch.dtype) -> No
         # 16-bit value, so it is rounded on the wire: exact only for a power-of-two world.
         ops = OPS if world & (world - 1) == 0 else tuple(o for o in OPS if o != dist.ReduceOp.AVG)
         sweep(comm, sizes, CPU, dtypes=DTYPES, ops=ops)
+        # The sweep's results are the same with the wire off; this proves it is on:
+        # 1 + 2^-12 is not a 16-bit value, so the sum crosses the wire rounded.
+        t = torch.full((97,), 1 + 2**-12)
+        comm.all_reduce(t)
+        fp32 = torch.full((97,), world * (1 + 2**-12))
+        assert not torch.equal(t, fp32), "float32 did not take the 16-bit wire"
+        assert torch.equal(t, t.to(wire).float()), "results are not wire-format values"
 
 
 @pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16], ids=str)

@@ -35,10 +35,24 @@ def test_full_slices_are_aligned() -> None:
         assert p.numel * 2 <= 4 << 20
 
 
+@pytest.mark.parametrize("devices,machines", [(1, 2), (2, 2), (4, 2), (8, 4), (3, 5)])
+@pytest.mark.parametrize("slice_bytes", [1, 100, 4096, 4 << 20, (4 << 20) + 12])
+def test_a_staging_slot_holds_every_dtypes_collect_rows(devices: int, machines: int,
+                                                        slice_bytes: int) -> None:
+    """What the engine receives into a slot in ``collect``: (M-1) rows of k elements of
+    the largest slice of any dtype. The slot must hold them, 16-byte aligned."""
+    slot, slots = layout.staging_geometry(devices, machines, slice_bytes, 64 << 20)
+    assert slot % layout.ALIGN_BYTES == 0 and slots >= 2
+    for itemsize in (1, 2, 4, 8):
+        plan = layout.plan_slices(10 << 20, itemsize, devices, machines, slice_bytes)[0]
+        assert (machines - 1) * plan.k * itemsize <= slot, (itemsize, plan, slot)
+
+
 def test_staging_slots_respect_budget() -> None:
-    assert layout.staging_slots(4, 2, 2, 4 << 20, 64 << 20) == 64  # 1 MiB rows -> 64 slots
-    assert layout.staging_slots(4, 2, 2, 4 << 20, 1) == 2  # never fewer than two
-    assert layout.staging_slot_elements(4, 2, 4, 1 << 20) == 3 * (1 << 20) // 4 // 8
+    slot, slots = layout.staging_geometry(2, 2, 4 << 20, 64 << 20)
+    assert (slot, slots) == (1 << 20, 64)  # 1 MiB shards, one row each: 64 slots
+    assert layout.staging_geometry(2, 2, 4 << 20, 1) == (1 << 20, 2)  # never fewer than two
+    assert layout.staging_geometry(4, 1, 4 << 20, 64 << 20) == (0, 0)  # one machine: none
 
 
 def test_bad_plan_arguments_raise() -> None:

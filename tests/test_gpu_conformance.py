@@ -1,0 +1,104 @@
+"""Issue 14's two defects on CUDA: tensors autograd tracks reduce in place (Communicator
+and the ``ringreduce`` backend, DDP with create_graph=True), and a failed operation's
+Work raises from ``wait()`` once the watchdog has found it, ``is_success()`` False.
+
+2 x 1 on one GPU (NCCL_HOSTID vm0, vm1), and 2 x 2 when RINGREDUCE_GPU_TOPOLOGIES asks
+for it (under CUDA MPS: each rank its own host id, the machine count passed). Run with
+``pytest -m gpu``; skipped without CUDA or nccl4py.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib.util
+import os
+import signal
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringreduce
+
+from .multiproc import run_ranks
+from .test_cpu_conformance import backend_tracked_worker, create_graph_worker, tracked_worker
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(GPUS == 0, reason="needs CUDA GPUs"),
+    pytest.mark.skipif(importlib.util.find_spec("nccl") is None, reason="needs nccl4py"),
+]
+SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1"}
+TOPOLOGIES = ["2x1", *(["2x2"] if "2x2" in os.environ.get("RINGREDUCE_GPU_TOPOLOGIES", "")
+                       else [])]
+DEADLINE = 10.0
+SLACK = 15.0  # abort and NCCL teardown with ranks sharing one GPU
+
+
+def one_gpu_env(topology: str, **extra: str) -> list[dict[str, str]]:
+    """Every rank on GPU 0; ranks of a machine that share it get their own host id
+    (NCCL refuses two ranks of one host on one GPU), so the machine count is passed."""
+    machines, devices = (int(x) for x in topology.split("x"))
+    return [{**SAFE, **extra, "RR_TEST_DEVICE": "0",
+             "NCCL_HOSTID": f"vm{r // devices}r{r % devices}",
+             "RINGREDUCE_MACHINES": str(machines), "RINGREDUCE_MIN_BYTES": "0"}
+            for r in range(machines * devices)]
+
+
+def _world(topology: str) -> int:
+    machines, devices = (int(x) for x in topology.split("x"))
+    return machines * devices
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_gpu_tensors_autograd_tracks_reduce_in_place(topology: str) -> None:
+    run_ranks(tracked_worker, _world(topology), backend="nccl", env=one_gpu_env(topology))
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_gpu_backend_reduces_tracked_tensors_and_ddp_create_graph(topology: str) -> None:
+    run_ranks(backend_tracked_worker, _world(topology), backend="ringreduce",
+              env=one_gpu_env(topology))
+    run_ranks(create_graph_worker, _world(topology), backend="ringreduce",
+              env=one_gpu_env(topology))
+
+
+def _failed_work_worker(rank: int, world: int) -> None:
+    faulthandler.dump_traceback_later(DEADLINE + SLACK + 30, exit=True)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    engine = dist.group.WORLD.communicator(dev)  # type: ignore[union-attr]
+    t = torch.ones(1 << 20, device=dev)
+    dist.all_reduce(t)
+    engine.wait_idle()
+    assert torch.equal(t, torch.full_like(t, float(world)))
+    big = 64 << 20  # 256 MiB: in flight long after the kill
+    if rank == world - 1:
+        for _ in range(2):
+            dist.all_reduce(torch.ones(big, device=dev), async_op=True)
+        time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGKILL)
+    works = [dist.all_reduce(torch.ones(big, device=dev), async_op=True) for _ in range(2)]
+    started = time.monotonic()
+    with pytest.raises(ringreduce.RingReduceError, match=r"stage '\w+' failed.* peers"):
+        while time.monotonic() - started < DEADLINE + SLACK:
+            for work in works:
+                assert work is not None
+                work.wait()  # a stream wait; raises once the watchdog found the failure
+            time.sleep(0.05)
+    assert not works[-1].is_success(), "a failed operation's Work must not report success"
+    assert isinstance(works[-1].exception(), ringreduce.RingReduceError)
+    with pytest.raises(ringreduce.RingReduceError, match="refuses new work"):
+        dist.all_reduce(torch.ones(10, device=dev))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # torch's own NCCL teardown with a dead peer is not under test
+
+
+def test_gpu_backend_failed_work_raises_from_wait() -> None:
+    env = one_gpu_env("2x1", RINGREDUCE_TIMEOUT=str(DEADLINE))
+    run_ranks(_failed_work_worker, 2, backend="ringreduce", env=env, timeout=180,
+              expect_exit={1: -signal.SIGKILL})

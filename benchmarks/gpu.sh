@@ -3,7 +3,8 @@
 #
 #   bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels
 #
-#   tests    the GPU tests (pytest -m gpu) under a private CUDA MPS daemon with
+#   tests    the GPU tests but the fault tests (pytest -m gpu -k "not fault"; TESTS_K) under
+#            a private CUDA MPS daemon with
 #            RINGREDUCE_GPU_TOPOLOGIES=2x1,2x2,4x2 RR_MPS=1 for them to read, then the torch
 #            suite driver (python -m tests.torch_suite --device cuda) when it exists
 #   perf     capped 10 Gbit/s 2x2, 4x1, 4x2 (1M-256M by 4x, 16 x 25M buckets), loopback 2x2,
@@ -71,8 +72,9 @@ pytest_summary() {  # the result lines of a pytest log
 
 case "$suite" in
 tests)
-  step gpu_tests 400 python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
-    python3 -m pytest -m gpu tests -p no:cacheprovider -v -rs --durations=15
+  # The fault tests have their own suite (faults); TESTS_K="" runs every GPU test here.
+  step gpu_tests 430 python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
+    python3 -m pytest -m gpu tests -k "${TESTS_K-not fault}" -p no:cacheprovider -v -rs --durations=15
   if [ -e tests/torch_suite.py ] || [ -d tests/torch_suite ]; then
     step torch_suite 150 python3 benchmarks/emulate.py --mps-only -- \
       python3 -m tests.torch_suite --device cuda

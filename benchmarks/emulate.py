@@ -88,7 +88,7 @@ def use_mps(args: argparse.Namespace) -> bool:
     """--mps on; or auto with more ranks than GPUs, on a machine that has MPS."""
     more_ranks = args.machines * args.gpus_per_machine > gpus_in_use(args)
     return args.mps == "on" or (args.mps == "auto" and more_ranks
-                                and mps.control_binary() is not None)
+                                and (args.mps_control or mps.control_binary()) is not None)
 
 
 def host_id(args: argparse.Namespace, m: int, d: int) -> str:
@@ -244,6 +244,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="pin rank r to GPU r %% N (CUDA_VISIBLE_DEVICES); 0: LOCAL_RANK = d")
     p.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
                    help="private CUDA MPS daemon; auto: when ranks outnumber the GPUs")
+    p.add_argument("--mps-control", help="nvidia-cuda-mps-control to use (default: "
+                   f"{mps.CONTROL}, else PATH)")
     p.add_argument("--mps-only", action="store_true",
                    help="run the command after `--` under a private MPS daemon, nothing else")
     p.add_argument("--link-cap", default="20gbit", help="tc rate per machine, each way")
@@ -299,9 +301,9 @@ def describe(args: argparse.Namespace) -> str:
             f"namespaces rrvm0..{args.machines - 1} on bridge {BRIDGE} {extra}")
 
 
-def run_under_mps(command: list[str]) -> int:
+def run_under_mps(command: list[str], control: str | None) -> int:
     """--mps-only: the command (e.g. pytest) with the daemon's variables and ALWAYS."""
-    with mps.mps_daemon() as env:
+    with mps.mps_daemon(control) as env:
         return subprocess.run(command, env={**os.environ, **env, **ALWAYS}, cwd=REPO,
                               check=False).returncode
 
@@ -311,14 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _raise_exit)
     if args.mps_only:
-        return run_under_mps(bench_args)
+        return run_under_mps(bench_args, args.mps_control)
     if args.script is None:
         bench_args = [*bench_args, "--fidelity", fidelity(args, use_mps(args))]
     iproute = find_iproute(args.iproute_dir) if args.mode == "capped" else None
     procs: list[subprocess.Popen[bytes]] = []
     with contextlib.ExitStack() as stack:
         try:
-            mps_env = stack.enter_context(mps.mps_daemon()) if use_mps(args) else {}
+            mps_env = stack.enter_context(mps.mps_daemon(args.mps_control)) if use_mps(args) else {}
             if iproute:
                 cleanup(iproute)  # a killed earlier run may have left its namespaces
                 setup(iproute, args.machines, args.link_cap, args.burst, args.mtu)

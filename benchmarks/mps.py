@@ -72,10 +72,11 @@ def _alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def mps_daemon() -> Iterator[dict[str, str]]:
-    """Start a private daemon; yield the variables every rank needs; stop it after,
+def mps_daemon(control: str | None = None) -> Iterator[dict[str, str]]:
+    """Start a private daemon (``control``: the nvidia-cuda-mps-control to use, default
+    :func:`control_binary`); yield the variables every rank needs; stop it after,
     whatever happened (the caller turns SIGTERM into SystemExit so this runs)."""
-    control = control_binary()
+    control = control or control_binary()
     if control is None:
         raise SystemExit(f"CUDA MPS requested but {CONTROL} is not there (nor "
                          "nvidia-cuda-mps-control on PATH); run without --mps on, or on a "

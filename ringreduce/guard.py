@@ -45,16 +45,18 @@ class Guard:
         self.checks += 1
         n = self.checks
         mine = f"{kind}(numel={t.numel()}, dtype={t.dtype}, op={op})"
-        self.store.set(f"fp/{n}/{self.rank}", mine)
         keys = [f"fp/{n}/{r}" for r in range(self.world_size)]
-        try:
+        try:  # the store may be gone (its server exited): that too is an error, not a hang
+            self.store.set(keys[self.rank], mine)
             self.store.wait(keys, self.timeout)
+            calls = [self.store.get(key).decode() for key in keys]
         except Exception as exc:
             raise RingReduceError(
-                f"rank {self.rank}: not every rank reached operation #{op_number} within "
-                f"{self.timeout.total_seconds():.0f} s (RINGREDUCE_DEBUG check): {exc}") from exc
-        for r, key in enumerate(keys):
-            theirs = self.store.get(key).decode()
+                f"stage 'debug check' failed on rank {self.rank}: not every rank reached "
+                f"operation #{op_number} within {self.timeout.total_seconds():.0f} s, or the "
+                f"store failed (RINGREDUCE_DEBUG check), peers (group ranks) "
+                f"{list(range(self.world_size))}: {exc}") from exc
+        for r, theirs in enumerate(calls):
             if theirs != mine:
                 raise RingReduceError(
                     f"collective mismatch at operation #{op_number}: rank {self.rank} calls "

@@ -7,6 +7,8 @@ killed and the test fails naming it.
 
 from __future__ import annotations
 
+import ctypes
+import datetime
 import faulthandler
 import os
 import sys
@@ -26,16 +28,20 @@ Env = dict[str, str] | list[dict[str, str]]
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
               env: Env | None = None, timeout: float = 300.0,
-              expect_exit: dict[int, int] | None = None) -> None:
+              expect_exit: dict[int, int] | None = None,
+              store: tuple[str, int] | None = None) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes. ``expect_exit``
-    maps ranks to the exit code they must end with (fault-injection tests)."""
+    maps ranks to the exit code they must end with (fault-injection tests). ``store``:
+    meet in the TCPStore served at (host, port) instead of a FileStore (a test that
+    takes the store away). A rank whose env has ``RR_TEST_NETNS`` joins that network
+    namespace before anything connects (tests/netns.py)."""
     ctx = mp.get_context("spawn")
     errors = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'store')}"
         procs = [ctx.Process(target=_entry, daemon=True,
                              args=(fn, rank, world_size, init, backend, env, args, errors,
-                                   timeout))
+                                   timeout, store))
                  for rank in range(world_size)]
         for p in procs:
             p.start()
@@ -61,7 +67,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
 
 
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, init: str, backend: str,
-           env: Env | None, args: tuple[Any, ...], errors: Any, timeout: float) -> None:
+           env: Env | None, args: tuple[Any, ...], errors: Any, timeout: float,
+           store: tuple[str, int] | None) -> None:
     # A rank still running shortly before the deadline prints every thread's stack, so
     # a hang in CI says where it is (the parent then kills it and fails the test).
     faulthandler.dump_traceback_later(max(1.0, timeout - 5), exit=False)
@@ -69,14 +76,20 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, init: str, backen
         os.environ.update(env[rank] if isinstance(env, list) else env)
     torch.set_num_threads(1)  # CI has two cores and up to six ranks
     try:
+        if "RR_TEST_NETNS" in os.environ:
+            join_netns(os.environ["RR_TEST_NETNS"])
         kwargs: dict[str, Any] = {}
         if backend == "nccl" or "RR_TEST_DEVICE" in os.environ:  # a GPU test
             device = torch.device("cuda", int(os.environ.get("RR_TEST_DEVICE", rank)))
             torch.cuda.set_device(device)
             if backend == "nccl":
                 kwargs["device_id"] = device
-        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size,
-                                **kwargs)
+        if store is not None:
+            kwargs["store"] = dist.TCPStore(store[0], store[1], world_size, is_master=False,
+                                            timeout=datetime.timedelta(seconds=timeout))
+        else:
+            kwargs["init_method"] = init
+        dist.init_process_group(backend, rank=rank, world_size=world_size, **kwargs)
         fn(rank, world_size, *args)
     except BaseException:
         errors.put((rank, traceback.format_exc()))
@@ -90,3 +103,18 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, init: str, backen
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+_CLONE_NEWNET = 0x40000000  # sched.h
+
+
+def join_netns(name: str) -> None:
+    """Move this process into the network namespace ``name`` (``ip netns add``): every
+    socket it opens from now on lives there. Python 3.11 has no os.setns."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into network namespace {name}")
+    finally:
+        os.close(fd)

@@ -1,16 +1,28 @@
 """GPU tests: the CUDA pipeline over real NCCL communicators (nccl4py), bit-exact.
 
 Virtual machines are emulated on one host: rank (m, d) sets ``NCCL_HOSTID=vm<m>`` and
-uses GPU d, so NCCL routes rail traffic over its network transport. Ranks of
-different virtual machines may share a GPU (NCCL accepts that across host ids), so
-a 2-GPU machine runs 2 x 2 as well as 1 x 2 and 2 x 1.
+uses GPU d, so NCCL routes rail traffic over its network transport. When a machine has
+more devices than the host has GPUs, its ranks share GPUs (run them under CUDA MPS, as
+the GPU run script does): NCCL refuses two ranks of one host id on one GPU, so each of
+those ranks gets its own host id (``vm<m>r<d>``) and the machine count is passed
+explicitly (``RINGREDUCE_MACHINES``).
+
+Topologies: ``RINGREDUCE_GPU_TOPOLOGIES`` (default ``2x1``; e.g. ``2x1,2x2,4x2``), each
+running the exact sweep with its stage-operation count, block collectives, CUDA-graph
+capture and replay, the DDP hook and the backend against plain DDP; the fault tests
+(test_gpu_faults.py) use the same list. The wire format, the no-sync check and the
+graph lifecycle run at one topology (SMALL).
 Run with ``pytest -m gpu``; skipped without CUDA or nccl4py.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.util
 import itertools
+import os
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -18,6 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
+from ringreduce import layout
 
 from .cases import (
     OPS,
@@ -30,6 +43,7 @@ from .cases import (
     sweep,
 )
 from .multiproc import run_ranks
+from .test_cpu_allreduce import _count_stage_calls as count_stage_calls
 from .test_cpu_api import model, train
 from .test_cpu_backend import other_collectives
 
@@ -41,39 +55,104 @@ pytestmark = [
 ]
 SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
         "NVSHMEM_DISABLE_NVLS": "1"}
-# At most two ranks per GPU: more time-slice one GPU so finely that runs crawl or hang.
-TOPOLOGIES = [(m, d) for m, d in [(2, 2), (1, 4), (1, 2), (2, 1), (4, 1)]
-              if d <= GPUS and m * d <= 2 * GPUS]
+
+
+def topologies() -> list[tuple[int, int]]:
+    """(machines, devices per machine) from RINGREDUCE_GPU_TOPOLOGIES, e.g. "2x1,2x2"."""
+    raw = os.environ.get("RINGREDUCE_GPU_TOPOLOGIES", "2x1")
+    out = []
+    for item in raw.replace(" ", "").split(","):
+        m, _, d = item.partition("x")
+        if not (m.isdigit() and d.isdigit() and int(m) >= 1 and int(d) >= 1):
+            raise ValueError(f"RINGREDUCE_GPU_TOPOLOGIES={raw!r}: {item!r} is not MxD "
+                             "(machines x devices), e.g. RINGREDUCE_GPU_TOPOLOGIES=2x1,2x2,4x2")
+        out.append((int(m), int(d)))
+    return out
+
+
+TOPOLOGIES = topologies()
+IDS = [f"{m}x{d}" for m, d in TOPOLOGIES]
 SMALL = (2, 2) if GPUS >= 2 else (2, 1)
 """The multi-machine topology of the single-case tests: 2 x 1 fits one GPU."""
 
 
 def _env(machines: int, devices: int) -> list[dict[str, str]]:
-    return [{**SAFE, "NCCL_HOSTID": f"vm{r // devices}", "RR_TEST_DEVICE": str(r % devices)}
+    """Rank r = (m, d) on GPU d (modulo the GPUs there are). Ranks of one machine that
+    share a GPU need host ids of their own (NCCL: "Duplicate GPU detected")."""
+    shared = devices > GPUS
+    return [{**SAFE, "RINGREDUCE_MACHINES": str(machines),
+             "NCCL_HOSTID": f"vm{r // devices}" + (f"r{r % devices}" if shared else ""),
+             "RR_TEST_DEVICE": str(r % devices % max(GPUS, 1))}
             for r in range(machines * devices)]
 
 
-def _sweep_worker(rank: int, world: int, machines: int) -> None:
+def _exact_worker(rank: int, world: int, machines: int) -> None:
+    """all_reduce (every dtype x op, sizes with and without padding, many slices),
+    against torch's NCCL too; the stage operations counted; block collectives."""
     devices = world // machines
     dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm:  # hosts -> machines
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm:
         assert (comm.topology.machines, comm.topology.devices_per_machine) == (machines, devices)
-        sizes = [*sizes_for(devices, machines), 65537, (1 << 20) + 3]
+        _count_stages(comm, dev)
+        sizes = [*sizes_for(devices, machines), 65537, (1 << 18) + 3]
         assert sweep(comm, sizes, dev) > 0
-        interleaved(comm, [1, 1000, 4097, 300_001, 1 << 20], dev)
-        t = rank_input(rank, 5_000_003, torch.float32, dev)
+        interleaved(comm, [1, 1000, 4097, 300_001], dev)
+        t = rank_input(rank, 1_000_003, torch.float32, dev)
         ref = t.clone()
         comm.all_reduce(t)
         dist.all_reduce(ref)  # torch's NCCL all-reduce as the reference
         assert torch.equal(t, ref)
-    with ringreduce.Communicator() as comm:  # defaults: 1 MiB flat threshold, auto slices
+    with ringreduce.Communicator() as comm:  # defaults: 2 MiB flat threshold, auto slices
         sweep(comm, [1000, 3 << 20], dev, dtypes=(torch.float32, torch.bfloat16))
+    _blocks(rank, world, machines, dev)
 
 
-@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=[f"{m}x{d}" for m, d in TOPOLOGIES])
-def test_gpu_every_size_dtype_op_is_exact(machines: int, devices: int) -> None:
-    run_ranks(_sweep_worker, machines * devices, machines, backend="nccl",
-              env=_env(machines, devices))
+def _count_stages(comm: ringreduce.Communicator, dev: torch.device) -> None:
+    """A silent flat route (or a stage skipped) fails here: one call of several slices
+    with a padding tail must issue every active stage once per slice, and no flat
+    all-reduce; a call below min_bytes must issue exactly one flat all-reduce."""
+    topo = comm.topology
+    counts = count_stage_calls(comm)
+    n = 10 * 1024 + 3  # fp32, 4 KiB slices: 10 full slices and a tail
+    t = rank_input(topo.rank, n, torch.float32, dev)
+    comm.all_reduce(t)
+    check_equal(t, expected(topo.world_size, n, torch.float32, dist.ReduceOp.SUM, dev),
+                "counted call")
+    slices = len(layout.plan_slices(n, 4, topo.devices_per_machine, topo.machines,
+                                    comm._res.slice_bytes))
+    want = {"collect": slices, "diffuse": slices}
+    if topo.devices_per_machine > 1:
+        want |= {"reduce_scatter": slices, "all_gather": slices}
+    assert slices >= 10 and counts == want, (counts, want)
+    comm.config = dataclasses.replace(comm.config, min_bytes=1 << 20)
+    comm.all_reduce(torch.ones(1000, device=dev))
+    assert counts == {**want, "flat_all_reduce": 1}, counts
+    comm.config = dataclasses.replace(comm.config, min_bytes=0)
+    transport = comm._res.transport
+    for name in (*want, "flat_all_reduce"):
+        delattr(transport, name)  # the spies go; the class's methods are back
+
+
+def _blocks(rank: int, world: int, machines: int, dev: torch.device) -> None:
+    with ringreduce.Communicator(min_bytes=0) as comm:
+        assert comm.topology.machines == machines
+        block_sweep(comm, [0, 1, 3, 1000, 65537], dev)
+        n = (1 << 18) + 1
+        data = rank_input(rank, world * n, torch.float32, dev)
+        got, ref = torch.empty(n, device=dev), torch.empty(n, device=dev)
+        comm.reduce_scatter(got, data)
+        dist.reduce_scatter_tensor(ref, data)  # torch's NCCL as the reference
+        check_equal(got, ref, "reduce_scatter vs torch")
+        got, ref = torch.empty(world * n, device=dev), torch.empty(world * n, device=dev)
+        comm.all_gather(got, data[:n])
+        dist.all_gather_into_tensor(ref, data[:n])
+        check_equal(got, ref, "all_gather vs torch")
+
+
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_collectives_are_exact_and_hierarchical(machines: int, devices: int) -> None:
+    run_ranks(_exact_worker, machines * devices, machines, backend="nccl",
+              env=_env(machines, devices), timeout=300)
 
 
 def _wire_worker(rank: int, world: int, wire: torch.dtype) -> None:
@@ -94,9 +173,20 @@ def _wire_worker(rank: int, world: int, wire: torch.dtype) -> None:
         assert torch.equal(hi, lo), "ranks disagree: replicas would drift apart"
 
 
-@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16], ids=str)
-def test_gpu_wire_format_is_exact_on_small_integers_and_identical(wire: torch.dtype) -> None:
-    run_ranks(_wire_worker, SMALL[0] * SMALL[1], wire, backend="nccl", env=_env(*SMALL))
+def _each(worker: Callable[..., None], values: tuple[object, ...]) -> Callable[..., None]:
+    return functools.partial(_run_each, worker, values)
+
+
+def _run_each(worker: Callable[..., None], values: tuple[object, ...], rank: int,
+              world: int) -> None:
+    """Several cases in one set of processes: NCCL setup is most of a small case's time."""
+    for value in values:
+        worker(rank, world, value)
+
+
+def test_gpu_wire_format_is_exact_on_small_integers_and_identical() -> None:
+    run_ranks(_each(_wire_worker, (torch.bfloat16, torch.float16)), SMALL[0] * SMALL[1],
+              backend="nccl", env=_env(*SMALL))
 
 
 def _no_sync_worker(rank: int, world: int, graphs: int) -> None:
@@ -120,9 +210,10 @@ def _no_sync_worker(rank: int, world: int, graphs: int) -> None:
         assert graphs == 0 or comm._res.graphs.captures == 1
 
 
-@pytest.mark.parametrize("graphs", [0, 8], ids=["slow-path", "graphs"])
-def test_gpu_all_reduce_never_syncs_the_host(graphs: int) -> None:
-    run_ranks(_no_sync_worker, SMALL[0] * SMALL[1], graphs, backend="nccl", env=_env(*SMALL))
+def test_gpu_all_reduce_never_syncs_the_host() -> None:
+    """The slow path, then with graphs."""
+    run_ranks(_each(_no_sync_worker, (0, 8)), SMALL[0] * SMALL[1], backend="nccl",
+              env=_env(*SMALL))
 
 
 def _ddp_worker(rank: int, world: int, graphs: int) -> None:
@@ -136,10 +227,10 @@ def _ddp_worker(rank: int, world: int, graphs: int) -> None:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("graphs", [0, 8], ids=["slow-path", "graphs"])
-def test_gpu_ddp_hook_matches_plain_ddp(graphs: int) -> None:
-    """With graphs, DDP's buckets (the same tensors every step) are replayed."""
-    run_ranks(_ddp_worker, SMALL[0] * SMALL[1], graphs, backend="nccl", env=_env(*SMALL))
+def test_gpu_ddp_hook_with_graphs_matches_plain_ddp() -> None:
+    """DDP's buckets (the same tensors every step) are replayed; the slow path is in
+    the backend test, at every topology."""
+    run_ranks(_ddp_worker, SMALL[0] * SMALL[1], 8, backend="nccl", env=_env(*SMALL))
 
 
 def _graph_worker(rank: int, world: int) -> None:
@@ -161,8 +252,6 @@ def _graph_worker(rank: int, world: int) -> None:
         del graph  # NCCL frees a communicator only once the graphs that captured it are gone
 
 
-def test_gpu_all_reduce_captures_in_cuda_graph() -> None:
-    run_ranks(_graph_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL), timeout=120)
 
 
 def _live_graph_worker(rank: int, world: int) -> None:
@@ -216,9 +305,16 @@ def _replay_worker(rank: int, world: int) -> None:
         assert graphs is not None and graphs.captures == 4 and len(graphs) == 4
 
 
-def test_gpu_repeated_all_reduces_replay_as_graphs_exactly() -> None:
-    run_ranks(_replay_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL),
-              timeout=240)
+def _graphs_worker(rank: int, world: int) -> None:
+    _graph_worker(rank, world)
+    _replay_worker(rank, world)
+
+
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_cuda_graphs_capture_and_replay_exactly(machines: int, devices: int) -> None:
+    """The caller's own capture, and ringreduce's captures of repeated calls."""
+    run_ranks(_graphs_worker, machines * devices, backend="nccl", env=_env(machines, devices),
+              timeout=300)
 
 
 def _back_to_back_worker(rank: int, world: int, wire: str) -> None:
@@ -254,36 +350,16 @@ def _back_to_back_worker(rank: int, world: int, wire: str) -> None:
         assert routes.count("hierarchical (graph)") >= len(buckets) * (steps - 2 * len(ops))
 
 
-@pytest.mark.parametrize("wire", ["none", "bfloat16"])
-def test_gpu_back_to_back_replays_overlap_exactly(wire: str) -> None:
-    run_ranks(_back_to_back_worker, SMALL[0] * SMALL[1], wire, backend="nccl",
+def test_gpu_back_to_back_replays_overlap_exactly() -> None:
+    """Without a wire format, then with bfloat16."""
+    run_ranks(_each(_back_to_back_worker, ("none", "bfloat16")), SMALL[0] * SMALL[1],
+              backend="nccl",
               env=_env(*SMALL), timeout=240)
 
 
-def _blocks_worker(rank: int, world: int, machines: int) -> None:
-    dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(min_bytes=0) as comm:
-        assert comm.topology.machines == machines
-        block_sweep(comm, [0, 1, 3, 1000, 65537], dev)
-        n = (1 << 20) + 1
-        data = rank_input(rank, world * n, torch.float32, dev)
-        got, ref = torch.empty(n, device=dev), torch.empty(n, device=dev)
-        comm.reduce_scatter(got, data)
-        dist.reduce_scatter_tensor(ref, data)  # torch's NCCL as the reference
-        check_equal(got, ref, "reduce_scatter vs torch")
-        got, ref = torch.empty(world * n, device=dev), torch.empty(world * n, device=dev)
-        comm.all_gather(got, data[:n])
-        dist.all_gather_into_tensor(ref, data[:n])
-        check_equal(got, ref, "all_gather vs torch")
-
-
-@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=[f"{m}x{d}" for m, d in TOPOLOGIES])
-def test_gpu_reduce_scatter_and_all_gather_are_exact(machines: int, devices: int) -> None:
-    run_ranks(_blocks_worker, machines * devices, machines, backend="nccl",
-              env=_env(machines, devices))
-
-
-def _backend_worker(rank: int, world: int) -> None:
+def _backend_worker(rank: int, world: int, machines: int) -> None:
+    """The "ringreduce" backend (dist.all_reduce, DDP without a hook) and the DDP hook
+    on a Communicator, both against DDP on a plain NCCL group."""
     from ringreduce.backend import RingReduceGroup
 
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -291,13 +367,19 @@ def _backend_worker(rank: int, world: int) -> None:
     assert isinstance(group, RingReduceGroup)
     calls = sweep(_DistAsComm(), [1, 1000, 300_001], dev)
     engine = group.communicator(dev)
-    assert engine.op_number == calls and engine.topology.machines == 2
+    assert engine.op_number == calls and engine.topology.machines == machines
     nccl = dist.new_group(backend="nccl")
     reference = train(DDP(model().to(dev), bucket_cap_mb=0.01, process_group=nccl), rank, 6, dev)
     got = train(DDP(model().to(dev), bucket_cap_mb=0.01), rank, 6, dev)  # no hook: the backend
     for a, b in zip(got, reference, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert engine.op_number > calls
+    with ringreduce.Communicator(nccl, min_bytes=0, slice_bytes=4096) as comm:
+        hooked = DDP(model().to(dev), bucket_cap_mb=0.01, process_group=nccl)
+        hooked.register_comm_hook(comm, ringreduce.ddp_hook)
+        for a, b in zip(train(hooked, rank, 6, dev), reference, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert comm.op_number > 0
     other_collectives(rank, world, 20, dev)  # what the group hands to NCCL's backend
 
 
@@ -311,6 +393,8 @@ class _DistAsComm:
         return work.get_future().then(lambda f: t) if async_op else None
 
 
-def test_gpu_backend_all_reduce_and_ddp_without_hook() -> None:
-    env = [{**e, "RINGREDUCE_MIN_BYTES": "0"} for e in _env(*SMALL)]
-    run_ranks(_backend_worker, SMALL[0] * SMALL[1], backend="ringreduce", env=env)
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_ddp_backend_and_hook_match_plain_ddp(machines: int, devices: int) -> None:
+    env = [{**e, "RINGREDUCE_MIN_BYTES": "0"} for e in _env(machines, devices)]
+    run_ranks(_backend_worker, machines * devices, machines, backend="ringreduce", env=env,
+              timeout=300)

@@ -1,11 +1,18 @@
-"""GPU fault injection: a peer that dies or never calls becomes a RingReduceError on the
-survivor within the deadline (RINGREDUCE_TIMEOUT) plus slack, never a hang.
+"""GPU fault injection: every fault becomes a RingReduceError naming the stage and the
+peers on the survivors within the deadline (RINGREDUCE_TIMEOUT) plus slack, never a hang
+or a wrong result reported as success, and the survivors go on with a new Communicator.
 
-2 x 1: two virtual machines (NCCL_HOSTID vm0, vm1) of one GPU each, so collect and
-diffuse cross NCCL's socket transport as between real machines; with one GPU both ranks
-share GPU 0. The survivor learns of the failure from ``Communicator.wait_idle()``
-(blocks until outstanding work is done, or raises the watchdog's RingReduceError) or
-from its next ``all_reduce``. Run with ``pytest -m gpu``; skipped without CUDA or nccl4py.
+At every topology of RINGREDUCE_GPU_TOPOLOGIES (test_gpu.py; virtual machines by
+NCCL_HOSTID, ranks sharing GPUs under MPS): the last rank killed mid-operation, alive
+but never calling, absent when the first call connects. At one topology (SMALL): a rank
+stopped (SIGSTOP), the rail link cut mid-call (tests/netns.py: a network namespace per
+virtual machine, NCCL_SOCKET_IFNAME on the cable; needs root and ``ip``, or .iproute/),
+a mismatched call (RINGREDUCE_DEBUG=1 names it; without, the deadline ends it), the
+store gone after setup. Each survivor prints one ``[fault ...]`` line (``-s``).
+
+The survivor learns of a failure from ``Communicator.wait_idle()`` (blocks until
+outstanding work is done, or raises the watchdog's RingReduceError) or from its next
+``all_reduce``. Run with ``pytest -m gpu``; skipped without CUDA or nccl4py.
 """
 
 from __future__ import annotations
@@ -15,15 +22,18 @@ import importlib.util
 import os
 import signal
 import sys
+import tempfile
 import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import ringreduce
 
+from . import faults, netns
 from .multiproc import run_ranks
-from .test_gpu import _env
+from .test_gpu import IDS, SMALL, TOPOLOGIES, _env
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [
@@ -33,41 +43,50 @@ pytestmark = [
 ]
 
 DEADLINE = 10.0
-SLACK = 15.0  # abort, NCCL proxy teardown, two processes on one shared GPU
+SLACK = 15.0  # abort, NCCL proxy teardown, up to 8 processes on one shared GPU
 NUMEL = 64 << 20  # 256 MiB of float32: 64 slices, far longer in flight than the kill delay
-OPS = 2  # if the victim's first operation beat its kill, the second one still hangs
-STAGE_ERROR = r"stage '(collect|add|diffuse)' failed.* in operation #\d+"
+OPS = 2  # if the victim's first operation beat its fault, the second one still hangs
+HANG_S = DEADLINE + SLACK + 120  # fault, new group and Communicator of up to 7 survivors
+STAGE_ERROR = (r"stage '(reduce_scatter|collect|add|diffuse|all_gather)' failed on rank \d+ "
+               r"in operation #\d+ \(.*\), peers \(group ranks\) \[[\d, ]+\]")
 
 
-def _env_with_deadline() -> list[dict[str, str]]:
-    return [{**e, "RINGREDUCE_TIMEOUT": str(DEADLINE)} for e in _env(2, 1)]
+def _env_with_deadline(machines: int, devices: int,
+                       extra: dict[str, str] | None = None) -> list[dict[str, str]]:
+    return [{**e, "RINGREDUCE_TIMEOUT": str(DEADLINE), **(extra or {})}
+            for e in _env(machines, devices)]
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _healthy(dev: torch.device) -> ringreduce.Communicator:
-    """A communicator whose rail connections exist: the fault must hit a running
-    pipeline, not NCCL's connection setup. A survivor that hangs anyway prints every
-    thread's stack (faulthandler) and exits, so the log shows where."""
-    faulthandler.dump_traceback_later(DEADLINE + SLACK + 30, exit=True)
+    """A communicator whose connections exist: the fault must hit a running pipeline,
+    not NCCL's connection setup. A survivor that hangs anyway prints every thread's
+    stack (faulthandler) and exits, so the log shows where."""
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
     comm = ringreduce.Communicator(min_bytes=0)
-    assert (comm.topology.machines, comm.topology.devices_per_machine) == (2, 1)
     t = torch.ones(1 << 20, device=dev)
     comm.all_reduce(t)
     comm.wait_idle()
     torch.cuda.synchronize()
-    assert torch.equal(t, torch.full_like(t, 2.0))
+    assert torch.equal(t, torch.full_like(t, float(dist.get_world_size())))
     return comm
 
 
-def _survive(comm: ringreduce.Communicator, dev: torch.device) -> str:
+def _survive(comm: ringreduce.Communicator, dev: torch.device, fault: str,
+             stamped: bool = False) -> str:
     """Issue OPS large calls whose peer is gone; the error must come within the
-    deadline plus slack, and the communicator must refuse work and close promptly."""
-    started = time.monotonic()
+    deadline plus slack (from the injecting rank's stamp when ``stamped``, else from
+    the first call), and the communicator must refuse work and close promptly."""
+    started = time.time()
     with pytest.raises(ringreduce.RingReduceError, match=STAGE_ERROR) as info:
         for _ in range(OPS):
             comm.all_reduce(torch.ones(NUMEL, device=dev))
         comm.wait_idle()
-    elapsed = time.monotonic() - started
-    assert elapsed < DEADLINE + SLACK, f"took {elapsed:.1f} s to notice"
+    faults.report(fault, dist.get_rank(), info.value, DEADLINE + SLACK,
+                  None if stamped else started)
     message = str(info.value)
     assert str(NUMEL) in message, message  # names the tensor size
     with pytest.raises(ringreduce.RingReduceError, match="refuses new work"):
@@ -78,8 +97,14 @@ def _survive(comm: ringreduce.Communicator, dev: torch.device) -> str:
     return message
 
 
+def _survivors_carry_on(rank: int, world: int, dev: torch.device) -> None:
+    """Every rank but the last (the victim) goes on: D = 1 on the new group."""
+    survivors = list(range(world - 1))
+    faults.carry_on(rank, survivors, len(survivors), dev)
+
+
 def _leave() -> None:
-    """Exit the survivor without torch's own NCCL group teardown: with a dead peer that
+    """Exit without torch's own NCCL group teardown: with a dead or stopped peer that
     teardown is torch's business (and may wait for it), not what these tests measure."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -87,49 +112,171 @@ def _leave() -> None:
 
 
 def _killed_worker(rank: int, world: int) -> None:
-    dev = torch.device("cuda", torch.cuda.current_device())
+    dev = _device()
     comm = _healthy(dev)
-    if rank == 1:
+    if rank == world - 1:
         for _ in range(OPS):
             comm.all_reduce(torch.ones(NUMEL, device=dev), async_op=True)
-        time.sleep(0.02)  # the survivor's calls are now in flight
+        time.sleep(0.02)  # the survivors' calls are now in flight
+        faults.mark_fault()
         os.kill(os.getpid(), signal.SIGKILL)
-    _survive(comm, dev)
+    _survive(comm, dev, "killed")
+    _survivors_carry_on(rank, world, dev)
     _leave()
 
 
-def test_gpu_rank_killed_mid_operation_becomes_an_error() -> None:
-    run_ranks(_killed_worker, 2, backend="nccl", env=_env_with_deadline(), timeout=180,
-              expect_exit={1: -signal.SIGKILL})
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_rank_killed_mid_operation_becomes_an_error(machines: int, devices: int) -> None:
+    world = machines * devices
+    run_ranks(_killed_worker, world, backend="nccl", env=_env_with_deadline(machines, devices),
+              timeout=240, expect_exit={world - 1: -signal.SIGKILL})
 
 
 def _absent_worker(rank: int, world: int, connected: bool) -> None:
-    """Rank 1 stays alive but never makes the next call. ``connected``: after a healthy
-    call; otherwise the survivor's first call must connect to its peer, and blocking NCCL
-    communicators wait for that inside the call, on the host."""
-    dev = torch.device("cuda", torch.cuda.current_device())
+    """The last rank stays alive but never makes the next call. ``connected``: after a
+    healthy call; otherwise the survivors' first call must connect to their peers, and
+    blocking NCCL communicators wait for that inside the call, on the host."""
+    dev = _device()
     if connected:
         comm = _healthy(dev)
     else:
-        faulthandler.dump_traceback_later(DEADLINE + SLACK + 30, exit=True)
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
         comm = ringreduce.Communicator(min_bytes=0)
-    if rank == 1:
-        time.sleep(DEADLINE + SLACK + 5)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Its peer aborted the shared communicators; tearing down its own NCCL state is
-        # not what this test measures.
-        os._exit(0)
+    if rank == world - 1:
+        faulthandler.cancel_dump_traceback_later()  # idle by design, however long
+        faults.meet("survived", world)  # alive until every survivor is through
+        _leave()  # its peers aborted the shared communicators: no teardown here
     started = time.monotonic()
-    message = _survive(comm, dev)
+    message = _survive(comm, dev, "never calls" if connected else "absent at setup")
     assert "RINGREDUCE_TIMEOUT" in message, message  # the deadline fired, not an error
     assert time.monotonic() - started >= DEADLINE - 1
+    _survivors_carry_on(rank, world, dev)
+    faults.meet("survived", world)
     _leave()
 
 
-def test_gpu_rank_that_never_calls_becomes_an_error() -> None:
-    run_ranks(_absent_worker, 2, True, backend="nccl", env=_env_with_deadline(), timeout=180)
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_rank_that_never_calls_becomes_an_error(machines: int, devices: int) -> None:
+    run_ranks(_absent_worker, machines * devices, True, backend="nccl",
+              env=_env_with_deadline(machines, devices), timeout=240)
 
 
-def test_gpu_rank_absent_at_connection_setup_becomes_an_error() -> None:
-    run_ranks(_absent_worker, 2, False, backend="nccl", env=_env_with_deadline(), timeout=180)
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_rank_absent_at_connection_setup_becomes_an_error(machines: int,
+                                                              devices: int) -> None:
+    run_ranks(_absent_worker, machines * devices, False, backend="nccl",
+              env=_env_with_deadline(machines, devices), timeout=240)
+
+
+def _stopped_worker(rank: int, world: int) -> None:
+    """The last rank stops (SIGSTOP) mid-operation and stays stopped past the deadline:
+    its sockets stay open, only the deadline can tell. Rank 0 kills it at the end."""
+    dev = _device()
+    comm = _healthy(dev)
+    if rank == world - 1:
+        faults.store().set("stopped_pid", str(os.getpid()))
+        for _ in range(OPS):
+            comm.all_reduce(torch.ones(NUMEL, device=dev), async_op=True)
+        time.sleep(0.02)
+        faults.mark_fault()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        raise AssertionError("the stopped rank ran on: it should have been killed")
+    message = _survive(comm, dev, "stopped (SIGSTOP)", stamped=True)
+    assert "RINGREDUCE_TIMEOUT" in message, message
+    _survivors_carry_on(rank, world, dev)
+    faults.meet("carried_on", world - 1)
+    if rank == 0:
+        os.kill(int(faults.store().get("stopped_pid").decode()), signal.SIGKILL)
+    _leave()
+
+
+def test_gpu_rank_stopped_past_the_deadline_becomes_an_error() -> None:
+    world = SMALL[0] * SMALL[1]
+    run_ranks(_stopped_worker, world, backend="nccl", env=_env_with_deadline(*SMALL),
+              timeout=240, expect_exit={world - 1: -signal.SIGKILL})
+
+
+def _cut_worker(rank: int, world: int, link: netns.Link) -> None:
+    """Virtual machine m's ranks live in namespace m; the rail crosses the cable. Rank 0
+    cuts it while every rank has large calls in flight: no process dies, no socket
+    closes, every rank is a survivor. The cable is mended, then all carry on."""
+    dev = _device()
+    comm = _healthy(dev)
+    if rank == 0:
+        for _ in range(OPS):
+            comm.all_reduce(torch.ones(NUMEL, device=dev), async_op=True)
+        time.sleep(0.05)
+        faults.mark_fault()
+        link.set("down")
+        with pytest.raises(ringreduce.RingReduceError, match=STAGE_ERROR) as info:
+            comm.wait_idle()
+        faults.report("rail link cut", rank, info.value, DEADLINE + SLACK)
+        comm.close()
+        link.set("up")
+    else:
+        _survive(comm, dev, "rail link cut", stamped=True)
+    faults.meet("mended", world)
+    faults.carry_on(rank, range(world), SMALL[0], dev)
+    _leave()
+
+
+def test_gpu_rail_link_cut_mid_call_becomes_an_error() -> None:
+    link = netns.make_link()
+    if isinstance(link, str):
+        pytest.skip(link)
+    try:
+        env = [{**e, **link.rank_env(r // SMALL[1])}
+               for r, e in enumerate(_env_with_deadline(*SMALL))]
+        run_ranks(_cut_worker, SMALL[0] * SMALL[1], link, backend="nccl", env=env, timeout=240)
+    finally:
+        netns.remove(link)
+
+
+MISMATCHES = {"numel": (torch.float32, 1_000_001), "dtype": (torch.float64, 1_000_000)}
+"""What rank 1 calls with while the others call 1,000,000 x float32."""
+
+
+def _mismatch_worker(rank: int, world: int, what: str, debug: bool) -> None:
+    dev = _device()
+    comm = _healthy(dev)
+    dtype, n = MISMATCHES[what] if rank == 1 else (torch.float32, 1_000_000)
+    if rank == 1:
+        faults.mark_fault()
+    rule = (r"collective mismatch at operation #2: rank \d+ calls all_reduce\(numel=\d+, "
+            r"dtype=torch.float\d+" if debug else STAGE_ERROR)
+    with pytest.raises(ringreduce.RingReduceError, match=rule) as info:
+        comm.all_reduce(torch.ones(n, dtype=dtype, device=dev))
+        comm.wait_idle()
+    faults.report(f"mismatched {what}, {'RINGREDUCE_DEBUG=1' if debug else 'no debug'}", rank,
+                  info.value, DEADLINE + SLACK)
+    if debug:  # checked before communicating: still usable, every rank names rank 1
+        assert "rank 1 calls" in str(info.value), str(info.value)
+        t = torch.ones(1000, device=dev)
+        comm.all_reduce(t)
+        assert torch.equal(t, torch.full_like(t, float(world)))
+        comm.close()
+    else:
+        assert "RINGREDUCE_TIMEOUT" in str(info.value) or "NCCL" in str(info.value)
+        faults.meet("raised", world)
+        faults.carry_on(rank, range(world), SMALL[0], dev)
+    _leave()
+
+
+@pytest.mark.parametrize("debug", [True, False], ids=["debug", "no-debug"])
+@pytest.mark.parametrize("what", sorted(MISMATCHES))
+def test_gpu_mismatched_call_becomes_an_error(what: str, debug: bool) -> None:
+    extra = {"RINGREDUCE_DEBUG": "1"} if debug else None
+    run_ranks(_mismatch_worker, SMALL[0] * SMALL[1], what, debug, backend="nccl",
+              env=_env_with_deadline(*SMALL, extra), timeout=240)
+
+
+def _store_gone_worker(rank: int, world: int, server_pid: int, fresh: str) -> None:
+    faults.store_gone(rank, world, server_pid, fresh, _device(), "nccl", DEADLINE + SLACK)
+    _leave()
+
+
+def test_gpu_store_gone_after_setup_is_no_hang_and_no_wrong_result() -> None:
+    with faults.store_server() as (port, pid), tempfile.TemporaryDirectory() as folder:
+        fresh = f"file://{os.path.join(folder, 'fresh')}"
+        run_ranks(_store_gone_worker, SMALL[0] * SMALL[1], pid, fresh, backend="nccl",
+                  env=_env_with_deadline(*SMALL), timeout=240, store=("127.0.0.1", port))

@@ -1,0 +1,48 @@
+"""Predicted speedup of ringreduce over NCCL against machine count (a PNG)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .cluster import Cluster
+from .nccl_cost import nccl_time_us, ring_time_us
+from .simulate import Options, ringreduce_time_us
+
+SWEEP = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def speedups(c: Cluster, size: int, buckets: int, o: Options) -> tuple[list[float], list[float]]:
+    """(vs NCCL's pick of ring and tree, vs ring) at every machine count of SWEEP."""
+    best, ring = [], []
+    for m in SWEEP:
+        cm = c.with_(machines=m)
+        rr = ringreduce_time_us(size, cm, o, buckets)
+        best.append(buckets * nccl_time_us(size, cm) / rr)
+        ring.append(buckets * ring_time_us(size, cm) / rr)
+    return best, ring
+
+
+def plot_speedup(path: str, clusters: Sequence[Cluster], size: int, buckets: int,
+                 o: Options, note: str = "") -> None:
+    import matplotlib  # lazily: only --plot needs it
+
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for c in clusters:
+        best, ring = speedups(c, size, buckets, o)
+        line, = ax.plot(SWEEP, best, marker="o", label=f"{c.name} vs NCCL (ring or tree)")
+        ax.plot(SWEEP, ring, ls="--", color=line.get_color(), label=f"{c.name} vs ring")
+    d = clusters[0].gpus
+    ceiling = [(2 * (m * d - 1) / (m * d)) / (2 * (m - 1) / m) for m in SWEEP]
+    ax.plot(SWEEP, ceiling, ls=":", color="gray", label=f"bytes ceiling vs ring, D={d}")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="machines", ylabel="predicted speedup",
+           title=f"MODEL, not measured: {size / 2**20:g} MiB x {buckets} bucket(s)"
+           + (f"\n{note}" if note else ""))
+    ax.set_xticks(SWEEP, [str(m) for m in SWEEP])
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)

@@ -1,0 +1,204 @@
+"""The committed benchmark results, read as samples the model can predict.
+
+Every ``benchmarks/results/*/*.json`` written by ``python -m ringreduce.bench`` (a
+``{"meta", "rows"}`` object) is read. The meta states machines, devices per machine, the
+link (``options.link_gbit``; none means loopback), NCCL's environment and the config. How
+the ranks sat on GPUs is not in the older files: :data:`FOLDER_SETTINGS` says it for those
+folders (from their README.md); newer files are read from their meta, so a new folder
+needs no code change.
+
+Rows the model cannot time are excluded by stated rules (:func:`exclusion`), never silently.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import DEFAULT_MIN_BYTES, DEFAULT_STAGING_BYTES
+
+DTYPE_BYTES = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int32": 4, "int64": 8}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How an emulated run placed its ranks (what a JSON meta may not say)."""
+
+    ranks_per_gpu: int = 1
+    """Above 1, ranks share a GPU."""
+    mps: bool = False
+    """Shared GPUs run under CUDA MPS (concurrent), not time-sliced."""
+    intra: str = "nvlink"
+    """What carries intra-machine traffic: nvlink, sockets (loopback under MPS) or none."""
+    nccl_hosts: str = "machines"
+    """What NCCL sees as hosts: one per virtual machine, or one per rank."""
+
+
+#: Folders whose JSON meta does not say how ranks sat on GPUs (each folder's README.md).
+FOLDER_SETTINGS: dict[str, Setting] = {
+    # two H200s, one rank per GPU: "2 x 1 on two GPUs"
+    "2026-11-23-h200x2-core": Setting(1, False, "none", "machines"),
+    # one H200, "both ranks on the one GPU", no MPS: the GPU time-slices between them
+    "2026-11-23-h200-graphs": Setting(2, False, "none", "machines"),
+    "2026-11-23-h200-host": Setting(2, False, "none", "machines"),
+    "2026-11-23-h200-overlap": Setting(2, False, "none", "machines"),
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured row: where it came from, what ran, and the two measured times."""
+
+    source: str
+    machines: int
+    gpus: int
+    size: int
+    buckets: int
+    iters: int
+    itemsize: int
+    slice_bytes: int | None
+    staging_bytes: int
+    min_bytes: int
+    wire_factor: float
+    link_gbit: float | None
+    setting_key: str
+    setting: Setting
+    rr_us: float
+    ref_us: float
+    row: dict[str, Any]
+    meta: dict[str, Any]
+
+
+def setting_of(folder: str, meta: dict[str, Any]) -> Setting:
+    """The folder table first; else what the meta says: a ``fidelity`` dict of Setting's
+    fields, or benchmarks/emulate.py's fidelity sentence ("intra-machine traffic: loopback
+    sockets ... under MPS; NCCL sees 8 hosts; ...; GPUs 1, MPS on; CPU cores per rank
+    2.0"), or NCCL host ids with a rank suffix (``vm0r1``)."""
+    if folder in FOLDER_SETTINGS:
+        return FOLDER_SETTINGS[folder]
+    stated = meta.get("fidelity")
+    if isinstance(stated, dict):
+        known = {k: stated[k] for k in Setting.__dataclass_fields__ if k in stated}
+        return Setting(**known)
+    text = stated if isinstance(stated, str) else json.dumps(meta)
+    world = int(meta.get("world_size") or meta.get("world") or 0)
+    hosts = re.search(r"sees (\d+) hosts?", text)
+    host_id = str(meta.get("nccl_env", {}).get("NCCL_HOSTID", ""))
+    per_rank = (re.fullmatch(r"vm\d+r\d+", host_id) is not None
+                or (hosts is not None and world > 1 and int(hosts[1]) == world))
+    mps = re.search(r"under MPS|MPS on", text) is not None
+    gpus = re.search(r"GPUs (\d+)", text)
+    shared = -(-world // int(gpus[1])) if gpus and int(gpus[1]) and world else 1
+    if shared == 1 and (mps or per_rank or "share a GPU" in text):
+        shared = 2  # stated as shared, count unknown
+    d = int(meta.get("devices_per_machine") or 1)
+    sockets = per_rank or re.search(r"intra[^;]*(socket|loopback)", text, re.I)
+    intra = "none" if d == 1 else "sockets" if sockets else "nvlink"
+    return Setting(shared, mps, intra, "ranks" if per_rank else "machines")
+
+
+def cores_per_rank(meta: dict[str, Any]) -> float | None:
+    """CPU cores each rank had, when the header states it ("CPU cores per rank 4.0")."""
+    found = re.search(r"CPU cores per rank:?\s*([\d.]+)", json.dumps(meta))
+    return float(found[1]) if found else None
+
+
+def link_gbit_of(meta: dict[str, Any]) -> float | None:
+    """The capped link's Gbit/s per machine: ``--link-gbit``, else the fidelity line's
+    "link cap 10gbit"; None: not capped (loopback)."""
+    given = meta.get("options", {}).get("link_gbit")
+    if given:
+        return float(given)
+    found = re.search(r"link cap ([\d.]+)\s*gbit", str(meta.get("fidelity", "")), re.I)
+    return float(found[1]) if found else None
+
+
+def setting_key(meta: dict[str, Any], s: Setting) -> str:
+    """Runs that share this key share calibrated costs (one link, one intra carrier)."""
+    gbit = link_gbit_of(meta)
+    env = meta.get("nccl_env", {})
+    link = f"capped {gbit:g} Gbit/s" if gbit else "loopback"
+    if "NCCL_SOCKET_NTHREADS" in env or "NCCL_NSOCKS_PERTHREAD" in env:
+        link += ", tuned sockets"
+    share = ("1 rank/GPU" if s.ranks_per_gpu == 1 else
+             "ranks share a GPU (MPS)" if s.mps else "ranks time-slice a GPU")
+    return f"{link}; intra {s.intra}; {share}"
+
+
+def exclusion(sample: Sample) -> str | None:
+    """Why the model does not time this row, or None. The rules, each stated:
+
+    - not an all-reduce: the block collectives are two-stage, not this pipeline;
+    - replayed CUDA graphs (``config.graphs`` > 0): the model times eager issue, and
+      replays change host cost and overlap;
+    - a wrong element: the measurement is not of a correct run;
+    - CPU-bound emulation: a side's CPU time per iteration (``*_cpu_us`` x buckets) used
+      at least :data:`CPU_BOUND` of the cores each rank had (when the header states
+      them). Then the emulation's CPU, not the links the model prices, set the time.
+
+    Ranks that time-slice one GPU are *not* excluded: their setting gets its own costs,
+    which absorb the contention as slower links (its errors are shown apart).
+    """
+    row, config = sample.row, sample.meta.get("config", {})
+    if row.get("collective", "all_reduce") != "all_reduce":
+        return "not an all-reduce"
+    if config.get("graphs"):
+        return "replayed CUDA graphs"
+    if row.get("rr_wrong") or row.get("ref_wrong"):
+        return "wrong elements"
+    cores = cores_per_rank(sample.meta)
+    for side in ("rr", "ref") if cores else ():
+        cpu, time = row.get(f"{side}_cpu_us"), row.get(f"{side}_time_us")
+        if cpu and time and cpu * sample.buckets / time >= CPU_BOUND * cores:
+            return f"CPU-bound emulation ({side}: {cpu * sample.buckets / time:.1f} of " \
+                   f"{cores:g} cores per rank busy)"
+    return None
+
+
+#: Busy cores per rank, as a fraction of the cores it had, from which a run is CPU-bound.
+CPU_BOUND = 0.9
+
+
+def _sample(path: Path, meta: dict[str, Any], row: dict[str, Any]) -> Sample | None:
+    if not (row.get("rr_time_us") and row.get("ref_time_us") and meta.get("machines")):
+        return None  # not a timed benchmark row (or a side that did not run)
+    options, config = meta.get("options", {}), meta.get("config", {})
+    setting = setting_of(path.parent.name, meta)
+    itemsize = DTYPE_BYTES.get(row.get("type", "float"), 4)
+    wire = 0.5 if config.get("wire_dtype") and itemsize == 4 else 1.0
+    min_bytes = config.get("min_bytes")
+    # The row's own route wins over the routing rule: it is what the engine did.
+    route = row.get("route")
+    if route in ("flat", "hierarchical"):
+        min_bytes = 2**62 if route == "flat" else 0
+    return Sample(
+        source=f"{path.parent.name}/{path.name}", machines=int(meta["machines"]),
+        gpus=int(meta["devices_per_machine"]), size=int(row["size"]),
+        buckets=int(row.get("buckets", 1)), iters=int(options.get("iters") or 20),
+        itemsize=itemsize, slice_bytes=config.get("slice_bytes"),
+        staging_bytes=int(config.get("staging_bytes") or DEFAULT_STAGING_BYTES),
+        min_bytes=DEFAULT_MIN_BYTES if min_bytes is None else int(min_bytes),
+        wire_factor=wire, link_gbit=link_gbit_of(meta),
+        setting_key=setting_key(meta, setting), setting=setting,
+        rr_us=float(row["rr_time_us"]), ref_us=float(row["ref_time_us"]), row=row, meta=meta)
+
+
+def load_file(path: Path) -> list[Sample]:
+    """The benchmark rows of one JSON file (other JSON files give none)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        return []
+    meta = data.get("meta") or {}
+    return [s for row in data["rows"] if (s := _sample(path, meta, row)) is not None]
+
+
+def load(root: Path) -> list[Sample]:
+    """Every benchmark row under ``root`` (a results folder, or a folder of them)."""
+    files = sorted(root.glob("*.json")) + sorted(root.glob("*/*.json"))
+    return [s for f in files for s in load_file(f)]

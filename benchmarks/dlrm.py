@@ -52,7 +52,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
 from ringreduce.backend import RingReduceGroup
-from ringreduce.launch import Launch, detect, nccl_variables, run_ranks
+from ringreduce.benchmark.launch import Launch, detect, nccl_variables, run_ranks
 
 MODES = ("nccl", "hook", "backend")
 

@@ -9,9 +9,28 @@
 ``--script`` runs another script in the bench's place, with the same per-rank
 environment and ``--machines M`` in front of its arguments (no ``--link-gbit``).
 
-Rank (m, d) = m * D + d gets torchrun's variables (LOCAL_RANK = d, so it uses GPU d)
-and ``NCCL_HOSTID=vm<m>``: NCCL then treats virtual machines as separate hosts and
-sends their traffic over its socket transport, even when they share GPUs.
+Rank (m, d) = m * D + d gets torchrun's variables (LOCAL_RANK = d, so it uses GPU d;
+with ``--physical-gpus P``, GPU (m * D + d) % P), ``RINGREDUCE_MACHINES=M`` and an NCCL
+host id: NCCL then treats virtual machines as separate hosts and sends their traffic
+over its socket transport, even when they share GPUs.
+
+  faithful  (P >= D) a virtual machine's ranks sit on different GPUs and share the host
+            id ``vm<m>``: NCCL sees M hosts and uses NVLink inside each.
+  shared    (P < D) ranks of a virtual machine share a GPU, and NCCL refuses two ranks
+            of one host id on one GPU, so each rank is a host of its own
+            (``vm<m>r<d>``); they still share the machine's network namespace, so their
+            traffic goes over loopback sockets (standing in for NVLink), never over the
+            capped link; ringreduce is told M (host ids no longer tell machines apart).
+With more ranks than GPUs, a private CUDA MPS daemon runs the ranks of a GPU side by
+side instead of time-slicing it (``--mps auto``): pipe and log folders under
+/tmp/rr-mps-<pid>, started before the ranks, stopped after them, also on failure and
+on SIGINT/SIGTERM; a daemon left by a killed run (its pid gone) is stopped at start.
+No GPU setting is changed. ``--mps-only -- CMD`` runs any command under such a daemon
+(the GPU tests do). Every process gets NCCL_NVLS_ENABLE=0
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1.
+
+The bench gets ``--fidelity``: what carries intra-machine traffic, what NCCL sees as
+hosts, link cap, tbf burst, MTU, MPS and CPU cores per rank, for its table header.
 
 Modes (DESIGN.md, "Measuring performance"):
   capped    one network namespace per virtual machine (rrvm<m>), joined by veth pairs
@@ -19,17 +38,17 @@ Modes (DESIGN.md, "Measuring performance"):
             machine sends and what it receives, like a NIC of fixed capacity.
   loopback  everything on ``lo``; --nccl-tuned adds NCCL's multi-socket settings.
 The namespaces, veths and the bridge are removed on exit, on SIGINT/SIGTERM, and
-(leftovers of a killed run) at start.
+(leftovers of a killed run) at start. ``--cut-link M:SECONDS`` (capped) sets virtual
+machine M's link down that many seconds after the ranks start, and waits for every
+rank to end on its own (the fault test of a cut network).
 
-The GPU machines have no ``ip``/``tc``: benchmarks/fetch_iproute.sh downloads Debian's
-iproute2 .debs into .iproute/ (carry it), and this script unpacks them with ``dpkg -x``
-into .iproute/root and runs ip/tc with LD_LIBRARY_PATH on the unpacked libraries only.
+The namespaces, tc and the iproute2 carried to GPU machines: benchmarks/netns.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
 import os
 import re
 import shutil
@@ -38,137 +57,44 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import mps  # benchmarks/mps.py and netns.py: this script's folder is on sys.path
+from netns import BRIDGE, SUBNET, Iproute, cleanup, find_iproute, namespace, rate_gbit, setup, veths
+
 REPO = Path(__file__).resolve().parent.parent
-BRIDGE = "rrbr0"
-SUBNET = "10.77.0"  # private, unlikely to clash with a cluster's own addresses
-BRIDGE_ADDR = f"{SUBNET}.254"
 #: NVLink multicast (NVLS) must stay off on the lent machines (FINDINGS.md).
 ALWAYS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
           "NVSHMEM_DISABLE_NVLS": "1"}
 #: FINDINGS.md: 4 threads x 4 sockets took NCCL from 4.9 to 14.8 GB/s busbw on lo.
 NCCL_TUNED = {"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"}
-#: tc rate units in bits per second; "bps" units are bytes per second in tc.
-_RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-               "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
-
-
-@dataclass(frozen=True)
-class Iproute:
-    """Where ip and tc are, and the environment they (and only they) run with."""
-
-    ip: str
-    tc: str
-    env: dict[str, str] = field(default_factory=dict)
-
-    def run(self, tool: str, *args: str, check: bool = True) -> str:
-        cmd = [self.ip if tool == "ip" else self.tc, *args]
-        done = subprocess.run(cmd, env={**os.environ, **self.env}, capture_output=True,
-                              text=True)
-        if check and done.returncode != 0:
-            raise RuntimeError(f"`{tool} {' '.join(args)}` failed ({done.returncode}): "
-                               f"{done.stderr.strip()}; it needs root (CAP_NET_ADMIN) and "
-                               "a kernel with network namespaces, veth, bridge and tbf")
-        return done.stdout
-
-
-def find_iproute(folder: Path) -> Iproute:
-    """ip/tc from ``folder`` (unpacking its .debs first when needed), else from PATH."""
-    folder = folder.resolve()  # the ranks run from the repository root, not from here
-    for root in (folder, folder / "root"):
-        found = _binaries(root)
-        if found:
-            return Iproute(*found, env=_library_env(root))
-    debs = sorted(folder.glob("*.deb"))
-    if debs and shutil.which("dpkg") is None:
-        raise SystemExit(f"{len(debs)} .deb files in {folder} but no dpkg to unpack them; "
-                         f"unpack them elsewhere into {folder / 'root'}")
-    for deb in debs:
-        subprocess.run(["dpkg", "-x", str(deb), str(folder / "root")], check=True)
-    found = _binaries(folder / "root") if debs else None
-    if found:
-        return Iproute(*found, env=_library_env(folder / "root"))
-    ip, tc = shutil.which("ip"), shutil.which("tc")
-    if ip and tc:
-        return Iproute(ip, tc)
-    raise SystemExit(f"no ip/tc in {folder} nor on PATH: run benchmarks/fetch_iproute.sh on a "
-                     f"machine with apt and carry its {folder.name}/ folder here")
-
-
-def _binaries(root: Path) -> tuple[str, str] | None:
-    subdirs = ("sbin", "usr/sbin", "bin", "usr/bin")
-    ips = [root / d / "ip" for d in subdirs if (root / d / "ip").is_file()]
-    tcs = [root / d / "tc" for d in subdirs if (root / d / "tc").is_file()]
-    return (str(ips[0]), str(tcs[0])) if ips and tcs else None
-
-
-def _library_env(root: Path) -> dict[str, str]:
-    """The unpacked libraries, ahead of the host's (the host may have none of them)."""
-    dirs = [str(d) for pattern in ("lib/*-linux-gnu", "usr/lib/*-linux-gnu")
-            for d in sorted(root.glob(pattern)) if d.is_dir()]
-    return {"LD_LIBRARY_PATH": ":".join(dirs)} if dirs else {}
-
-
-def namespace(m: int) -> str:
-    return f"rrvm{m}"
-
-
-def veths(m: int) -> tuple[str, str]:
-    """(bridge side, machine side) of virtual machine m's link."""
-    return f"rrvm{m}h", f"rrvm{m}n"
-
-
-def cleanup(iproute: Iproute) -> None:
-    """Remove every rrvm* namespace and rr* link; deleting a namespace deletes its
-    veth end, and with it the peer on the bridge. Safe to call at any point."""
-    for line in iproute.run("ip", "netns", "list", check=False).splitlines():
-        name = line.split()[0] if line.split() else ""
-        if name.startswith("rrvm"):
-            iproute.run("ip", "netns", "del", name, check=False)
-    for line in iproute.run("ip", "-o", "link", "show", check=False).splitlines():
-        parts = line.split(":")
-        name = parts[1].strip().split("@")[0] if len(parts) > 1 else ""
-        if name == BRIDGE or name.startswith("rrvm"):
-            iproute.run("ip", "link", "del", name, check=False)
-
-
-def setup(iproute: Iproute, machines: int, cap: str, burst: str, mtu: int) -> None:
-    """Bridge rrbr0 in the root namespace; per machine a namespace, a veth pair and a
-    tbf on both ends. tbf on the machine end shapes what it sends, on the bridge end
-    what it receives: together a full-duplex NIC of ``cap`` each way."""
-    ip = functools.partial(iproute.run, "ip")
-    ip("link", "add", BRIDGE, "type", "bridge")
-    ip("link", "set", BRIDGE, "mtu", str(mtu), "up")
-    ip("addr", "add", f"{BRIDGE_ADDR}/24", "dev", BRIDGE)
-    tbf = ("root", "tbf", "rate", cap, "burst", burst, "latency", "100ms")
-    for m in range(machines):
-        ns, (outer, inner) = namespace(m), veths(m)
-        ip("netns", "add", ns)
-        ip("link", "add", outer, "mtu", str(mtu), "type", "veth", "peer", "name", inner,
-           "mtu", str(mtu), "netns", ns)
-        ip("link", "set", outer, "master", BRIDGE, "up")
-        ip("-n", ns, "link", "set", "lo", "up")
-        ip("-n", ns, "addr", "add", f"{SUBNET}.{m + 1}/24", "dev", inner)
-        ip("-n", ns, "link", "set", inner, "up")
-        iproute.run("tc", "qdisc", "add", "dev", outer, *tbf)
-        iproute.run("tc", "-n", ns, "qdisc", "add", "dev", inner, *tbf)
-
-
-def rate_gbit(cap: str) -> float:
-    """tc's rate syntax in Gbit/s, for the bench's link efficiency (20gbit -> 20.0)."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", cap.strip().lower())
-    if not match or (match[2] or "bit") not in _RATE_UNITS:
-        raise SystemExit(f"--link-cap {cap!r}: expected a tc rate such as 20gbit or 800mbit")
-    return float(match[1]) * _RATE_UNITS[match[2] or "bit"] / 1e9
-
-
 def free_port() -> int:
     """A port the OS just handed out (no fixed ports that a second run would hit)."""
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
+
+
+def shares_gpu(args: argparse.Namespace) -> bool:
+    """Whether ranks of one virtual machine share a GPU (then each is its own NCCL host)."""
+    return 0 < args.physical_gpus < args.gpus_per_machine
+
+
+def gpus_in_use(args: argparse.Namespace) -> int:
+    return args.physical_gpus or args.gpus_per_machine
+
+
+def use_mps(args: argparse.Namespace) -> bool:
+    """--mps on; or auto with more ranks than GPUs, on a machine that has MPS."""
+    more_ranks = args.machines * args.gpus_per_machine > gpus_in_use(args)
+    return args.mps == "on" or (args.mps == "auto" and more_ranks
+                                and (args.mps_control or mps.control_binary()) is not None)
+
+
+def host_id(args: argparse.Namespace, m: int, d: int) -> str:
+    """vm<m> (one NCCL host per virtual machine), or vm<m>r<d> when the machine's ranks
+    share a GPU: NCCL refuses two ranks of one host id on one GPU."""
+    return f"vm{m}r{d}" if shares_gpu(args) else f"vm{m}"
 
 
 def rank_env(args: argparse.Namespace, m: int, d: int, port: int) -> dict[str, str]:
@@ -180,15 +106,40 @@ def rank_env(args: argparse.Namespace, m: int, d: int, port: int) -> dict[str, s
            "WORLD_SIZE": str(args.machines * args.gpus_per_machine),
            "LOCAL_RANK": str(d), "LOCAL_WORLD_SIZE": str(args.gpus_per_machine),
            "MASTER_ADDR": f"{SUBNET}.1" if capped else "127.0.0.1", "MASTER_PORT": str(port),
-           "NCCL_HOSTID": f"vm{m}", "NCCL_SOCKET_IFNAME": ifname,
+           "NCCL_HOSTID": host_id(args, m, d), "NCCL_SOCKET_IFNAME": ifname,
+           # Host ids no longer tell machines apart when every rank has its own.
+           "RINGREDUCE_MACHINES": str(args.machines),
            # gloo (the CPU path) otherwise binds to the host name's address, which
            # does not exist inside a namespace.
            "GLOO_SOCKET_IFNAME": ifname, "PYTHONUNBUFFERED": "1", **ALWAYS}
     if args.physical_gpus:
-        # Spread ranks over the GPUs there are; with fewer GPUs than ranks, virtual
-        # machines share GPUs (NCCL accepts that because their host ids differ).
+        # Spread ranks over the GPUs there are: D consecutive ranks land on D different
+        # GPUs whenever D <= P (the faithful layout), else they share (MPS).
         env |= {"CUDA_VISIBLE_DEVICES": str(rank % args.physical_gpus), "LOCAL_RANK": "0"}
     return env | (NCCL_TUNED if args.nccl_tuned else {})
+
+
+def fidelity(args: argparse.Namespace, mps_on: bool) -> str:
+    """What this emulation stands for, for the bench's header (one line)."""
+    ranks = args.machines * args.gpus_per_machine
+    gpu = args.physical_gpus > 0 or shutil.which("nvidia-smi") is not None
+    if not gpu:
+        intra = "gloo TCP over loopback" + (" in the machine's namespace" * (args.mode == "capped"))
+    elif shares_gpu(args):
+        intra = ("loopback sockets in the machine's namespace (its ranks share a GPU"
+                 f"{' under MPS' if mps_on else ', time-sliced'})")
+    else:
+        intra = "NVLink/PCIe (NCCL P2P: a machine's ranks on different GPUs)"
+    hosts = ranks if shares_gpu(args) else args.machines
+    if args.mode == "capped":
+        link = (f"link cap {args.link_cap} each way per machine (tc tbf), burst {args.burst}, "
+                f"MTU {args.mtu}")
+    else:
+        link = "no link cap (all on lo" + (", NCCL tuned sockets)" if args.nccl_tuned else ")")
+    return (f"emulated {args.machines}x{args.gpus_per_machine} on one host; intra-machine "
+            f"traffic: {intra}; " + (f"NCCL sees {hosts} hosts; " if gpu else "") + f"{link}; GPUs "
+            f"{gpus_in_use(args) if gpu else 0}, MPS {'on' if mps_on else 'off'}; CPU cores "
+            f"per rank {len(os.sched_getaffinity(0)) / ranks:.1f}")
 
 
 def rank_command(args: argparse.Namespace, iproute: Iproute | None, m: int,
@@ -207,13 +158,13 @@ def rank_command(args: argparse.Namespace, iproute: Iproute | None, m: int,
             *restore, *bench]
 
 
-def launch(args: argparse.Namespace, iproute: Iproute | None,
-           bench_args: list[str]) -> list[subprocess.Popen[bytes]]:
+def launch(args: argparse.Namespace, iproute: Iproute | None, bench_args: list[str],
+           extra_env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
     port = free_port()
     procs = []
     for m in range(args.machines):
         for d in range(args.gpus_per_machine):
-            env = {**os.environ, **(iproute.env if iproute else {}),
+            env = {**os.environ, **(iproute.env if iproute else {}), **extra_env,
                    **rank_env(args, m, d, port)}
             procs.append(subprocess.Popen(rank_command(args, iproute, m, bench_args),
                                           env=env, cwd=REPO))
@@ -233,6 +184,36 @@ def wait_all(procs: list[subprocess.Popen[bytes]]) -> int:
         time.sleep(0.2)
 
 
+def wait_with_cut(procs: list[subprocess.Popen[bytes]], iproute: Iproute, m: int,
+                  after_s: float, grace_s: float) -> int:
+    """Cut machine m's link (both veth ends down) ``after_s`` seconds in, then let every
+    rank end on its own (each must notice and raise within its deadline), at most
+    ``grace_s`` seconds; prints when each ended. Returns the first non-zero exit code
+    (a rank that finished before the cut, or hung past the grace, counts as 0 / 124)."""
+    start = time.monotonic()
+    while time.monotonic() - start < after_s and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    outer, inner = veths(m)
+    iproute.run("ip", "link", "set", outer, "down")
+    iproute.run("ip", "-n", namespace(m), "link", "set", inner, "down")
+    cut = time.monotonic()
+    print(f"# emulate: cut vm{m}'s link at {cut - start:.1f} s", flush=True)
+    ended: dict[int, float] = {}
+    while len(ended) < len(procs) and time.monotonic() - cut < grace_s:
+        for rank, p in enumerate(procs):
+            if rank not in ended and p.poll() is not None:
+                ended[rank] = time.monotonic() - cut
+                print(f"# emulate: rank {rank} ended {ended[rank]:.1f} s after the cut, "
+                      f"exit {p.returncode}", flush=True)
+        time.sleep(0.1)
+    hung = [r for r in range(len(procs)) if r not in ended]
+    if hung:
+        print(f"# emulate: ranks {hung} still running {grace_s:.0f} s after the cut: HANG",
+              flush=True)
+        return 124
+    return next((p.returncode for p in procs if p.returncode), 0)
+
+
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -247,7 +228,7 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 def _raise_exit(signum: int, _frame: object) -> None:
     # SIGTERM would end Python without running `finally`; turn it into SystemExit so
-    # the namespaces and the bridge are removed.
+    # the namespaces, the bridge and the MPS daemon are removed.
     raise SystemExit(128 + signum)
 
 
@@ -256,11 +237,17 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         else (argv, [])
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--machines", type=int, required=True)
-    p.add_argument("--gpus-per-machine", type=int, required=True)
+    p.add_argument("--machines", type=int)
+    p.add_argument("--gpus-per-machine", type=int)
     p.add_argument("--mode", choices=("capped", "loopback"), default="capped")
     p.add_argument("--physical-gpus", type=int, default=0,
                    help="pin rank r to GPU r %% N (CUDA_VISIBLE_DEVICES); 0: LOCAL_RANK = d")
+    p.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
+                   help="private CUDA MPS daemon; auto: when ranks outnumber the GPUs")
+    p.add_argument("--mps-control", help="nvidia-cuda-mps-control to use (default: "
+                   f"{mps.CONTROL}, else PATH)")
+    p.add_argument("--mps-only", action="store_true",
+                   help="run the command after `--` under a private MPS daemon, nothing else")
     p.add_argument("--link-cap", default="20gbit", help="tc rate per machine, each way")
     p.add_argument("--burst", default="1mb",
                    help="tbf bucket; small against the bytes timed, so the cap holds")
@@ -269,7 +256,17 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--iproute-dir", type=Path, default=REPO / ".iproute")
     p.add_argument("--script", type=Path,
                    help="run this Python script per rank instead of ringreduce.bench")
+    p.add_argument("--cut-link", metavar="M:SECONDS",
+                   help="capped: set machine M's link down SECONDS after the start")
+    p.add_argument("--cut-grace", type=float, default=120.0,
+                   help="seconds every rank has to end after --cut-link")
     args = p.parse_args(own)
+    if args.mps_only:
+        if not bench:
+            raise SystemExit("--mps-only needs a command after `--`")
+        return args, bench
+    if args.machines is None or args.gpus_per_machine is None:
+        raise SystemExit("--machines and --gpus-per-machine are required (or --mps-only)")
     if args.script is not None:
         args.script = args.script.resolve()  # the ranks run from the repository root
     if any(a == "--machines" or a.startswith("--machines=") for a in bench):
@@ -277,10 +274,21 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if not 1 <= args.machines <= 253 or args.gpus_per_machine < 1:
         raise SystemExit(f"--machines {args.machines} --gpus-per-machine "
                          f"{args.gpus_per_machine}: need 1..253 machines (one /24) and >= 1")
+    args.cut = _cut(args)
     if args.mode == "capped" and args.script is None \
             and not any(a.startswith("--link-gbit") for a in bench):
         bench += ["--link-gbit", str(rate_gbit(args.link_cap))]
     return args, bench
+
+
+def _cut(args: argparse.Namespace) -> tuple[int, float] | None:
+    if args.cut_link is None:
+        return None
+    match = re.fullmatch(r"(\d+):(\d+(?:\.\d+)?)", args.cut_link)
+    if args.mode != "capped" or not match or int(match[1]) >= args.machines:
+        raise SystemExit(f"--cut-link {args.cut_link}: needs --mode capped and M:SECONDS with "
+                         f"M < {args.machines}, e.g. --cut-link 1:20")
+    return int(match[1]), float(match[2])
 
 
 def describe(args: argparse.Namespace) -> str:
@@ -293,25 +301,42 @@ def describe(args: argparse.Namespace) -> str:
             f"namespaces rrvm0..{args.machines - 1} on bridge {BRIDGE} {extra}")
 
 
+def run_under_mps(command: list[str], control: str | None) -> int:
+    """--mps-only: the command (e.g. pytest) with the daemon's variables and ALWAYS."""
+    with mps.mps_daemon(control) as env:
+        return subprocess.run(command, env={**os.environ, **env, **ALWAYS}, cwd=REPO,
+                              check=False).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     args, bench_args = parse(sys.argv[1:] if argv is None else argv)
-    iproute = find_iproute(args.iproute_dir) if args.mode == "capped" else None
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _raise_exit)
+    if args.mps_only:
+        return run_under_mps(bench_args, args.mps_control)
+    if args.script is None:
+        bench_args = [*bench_args, "--fidelity", fidelity(args, use_mps(args))]
+    iproute = find_iproute(args.iproute_dir) if args.mode == "capped" else None
     procs: list[subprocess.Popen[bytes]] = []
-    try:
-        if iproute:
-            cleanup(iproute)  # a killed earlier run may have left its namespaces
-            setup(iproute, args.machines, args.link_cap, args.burst, args.mtu)
-        print(describe(args), flush=True)
-        procs = launch(args, iproute, bench_args)
-        return wait_all(procs)
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
-        stop(procs)
-        if iproute:
-            cleanup(iproute)
+    with contextlib.ExitStack() as stack:
+        try:
+            mps_env = stack.enter_context(mps.mps_daemon(args.mps_control)) if use_mps(args) else {}
+            if iproute:
+                cleanup(iproute)  # a killed earlier run may have left its namespaces
+                setup(iproute, args.machines, args.link_cap, args.burst, args.mtu)
+            print(describe(args), flush=True)
+            print(f"# emulate: {fidelity(args, bool(mps_env))}", flush=True)
+            procs = launch(args, iproute, bench_args, mps_env)
+            if args.cut and iproute:
+                return wait_with_cut(procs, iproute, *args.cut, args.cut_grace)
+            return wait_all(procs)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not skip cleanup
+            stop(procs)  # before MPS quits (ExitStack): its servers wait for clients
+            if iproute:
+                cleanup(iproute)
+    return 1
 
 
 if __name__ == "__main__":

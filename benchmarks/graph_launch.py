@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 import ringreduce
-from ringreduce.launch import Launch, run_ranks
+from ringreduce.benchmark.launch import Launch, run_ranks
 
 STAGES = 5
 REPLAYS = 200

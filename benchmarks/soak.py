@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import ringreduce  # noqa: E402  (after the path: runs from any directory)
-from ringreduce import launch  # noqa: E402
+from ringreduce.benchmark import launch  # noqa: E402
 from tests.cases import DTYPES, OPS, expected, rank_input  # noqa: E402
 
 WARMUP = 200

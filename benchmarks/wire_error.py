@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 import ringreduce
-from ringreduce.launch import run_ranks
+from ringreduce.benchmark.launch import run_ranks
 
 STEPS = 5
 

@@ -44,6 +44,11 @@ class FlightRecorder:
             self._records.append(record)
         return record
 
+    def last(self) -> Record | None:
+        """The newest kept record (None when none is kept): benchmarks read the route
+        a call took from it rather than re-deriving the routing rule."""
+        return self._records[-1] if self._records else None
+
     @staticmethod
     def stamp(record: Record | None, stage: str, slice_index: int, edge: str) -> None:
         if record is not None:

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# One entry point for GPU runs, one suite per device call:
+#
+#   bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels
+#
+#   tests    the GPU tests but the fault tests (pytest -m gpu -k "not fault"; TESTS_K) under
+#            a private CUDA MPS daemon with
+#            RINGREDUCE_GPU_TOPOLOGIES=2x1,2x2,4x2 RR_MPS=1 for them to read, then the torch
+#            suite driver (python -m tests.torch_suite --device cuda) when it exists
+#   perf     capped 10 Gbit/s 2x2, 4x1, 4x2 (1M-256M by 4x, 16 x 25M buckets), loopback 2x2,
+#            then bf16 wire capped 2x2, 4x2, 4x1 (16M-256M); on >= 2 GPUs the faithful
+#            capped 2x2 too. Every table against both references (flat NCCL, two-level).
+#   faults   pytest -m gpu -k fault under MPS, then the capped link cut: 2x2 soak, machine
+#            1's link set down after CUT_S seconds; every rank must end with
+#            RingReduceError within RINGREDUCE_TIMEOUT
+#   soak     SOAK_CALLS random exact calls at 2x2 (loopback), memory flat
+#   dlrm     DDP on NCCL vs the hook vs the backend, capped 2x2 (then 4x2 if time is left)
+#   kernels  the kernel tests, benchmarks/kernel_bench.py, benchmarks/kernel_occupancy.py
+#
+# Each suite fits one 9-minute call on one H200 (16 cores): steps run in order, each
+# under its own timeout, and a step that would start past BUDGET_S (default 500 s) is
+# skipped and listed as such. Each writes $OUT/<suite>/ with at most 4 files:
+# summary.txt (also printed last), <suite>.json and <suite>.png where the suite has
+# tables, and logs.tar.gz (every full log, JSON and plot). Carry .whl/ (the nccl4py
+# wheel) and .iproute/ (benchmarks/fetch_iproute.sh). No GPU setting is changed.
+set -u
+cd "$(dirname "$0")/.."
+. benchmarks/gpu_env.sh
+suite=${1:-}
+case "$suite" in tests|perf|faults|soak|dlrm|kernels) ;;
+  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels" >&2; exit 2 ;;
+esac
+R="$OUT/$suite"; W="$R/work"; rm -rf "$R"; mkdir -p "$W"
+BUDGET_S=${BUDGET_S:-500}; START=$SECONDS
+# The one-GPU setting everywhere (every rank on GPU 0 under MPS), so results compare
+# across machines; the faithful 2x2 spreads a machine's ranks over the GPUs there are.
+E="python3 benchmarks/emulate.py --physical-gpus 1"
+E_ALL="python3 benchmarks/emulate.py --physical-gpus $NGPU"
+CAP="--link-cap ${CAP:-10gbit}"
+# -n 3 timed iterations, 1 warm-up, 3 rounds, 1 exact check per round and implementation:
+# at 4x2, 256 MiB costs ~0.8 s per ringreduce call capped at 10 Gbit/s, and each size runs
+# 13 calls of each of 3 implementations; this keeps perf's seven runs inside 9 minutes.
+B=${BENCH_FLAGS:--n 3 -w 1 -r 3 -c 1}
+SIZES=${PERF_SIZES:--b 1M -e 256M -f 4}; WIRE_SIZES=${WIRE_SIZES:--b 16M -e 256M -f 4}
+BUCKETS=${PERF_BUCKETS:---extra-buckets 16}  # 16 x 25 MiB, DDP's bucket size
+PLOT=(); python3 -c "import matplotlib" 2>/dev/null && PLOT=(--plot)
+GPU_TESTS_ENV="RINGREDUCE_GPU_TOPOLOGIES=${RINGREDUCE_GPU_TOPOLOGIES:-2x1,2x2,4x2} RR_MPS=1"
+STATUS="$W/status.txt"; : > "$STATUS"
+
+# step NAME TIMEOUT_S CMD...: CMD's output into $W/NAME.log (headed by the command);
+# its exit status (124: timed out) into status.txt; skipped when the budget is spent.
+step() {
+  local name=$1 limit=$2; shift 2
+  local left=$((BUDGET_S - (SECONDS - START)))
+  if [ "$left" -lt 30 ]; then echo "$name: skipped (budget spent)" | tee -a "$STATUS"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "### $name ($(date -u +%T), limit ${limit}s): $*" > "$W/$name.log"
+  local t0=$SECONDS
+  timeout -k 20 "$limit" "$@" >> "$W/$name.log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc in $((SECONDS - t0)) s" | tee -a "$STATUS"
+}
+
+bench() {  # bench NAME TIMEOUT_S EMULATE_ARGS... -- BENCH_ARGS...: with JSON and plot
+  local name=$1 limit=$2; shift 2
+  step "$name" "$limit" ${EMU:-$E} "$@" --json "$W/$name.json" ${PLOT[@]+"${PLOT[@]}" "$W/$name.png"}
+}
+
+pytest_summary() {  # the result lines of a pytest log
+  grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed|skipped|errors?)" "$@" | tail -20
+}
+
+case "$suite" in
+tests)
+  # The fault tests have their own suite (faults); TESTS_K="" runs every GPU test here.
+  step gpu_tests 430 python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
+    python3 -m pytest -m gpu tests -k "${TESTS_K-not fault}" -p no:cacheprovider -v -rs --durations=15
+  if [ -e tests/torch_suite.py ] || [ -d tests/torch_suite ]; then
+    step torch_suite 150 python3 benchmarks/emulate.py --mps-only -- \
+      python3 -m tests.torch_suite --device cuda
+  fi
+  { pytest_summary "$W/gpu_tests.log"; [ -f "$W/torch_suite.log" ] && tail -15 "$W/torch_suite.log"; } \
+    > "$W/summary_body.txt" ;;
+perf)
+  bench capped_2x2 120 --machines 2 --gpus-per-machine 2 $CAP -- $SIZES $B $BUCKETS
+  bench capped_4x1 120 --machines 4 --gpus-per-machine 1 $CAP -- $SIZES $B $BUCKETS
+  bench capped_4x2 150 --machines 4 --gpus-per-machine 2 $CAP -- $SIZES $B $BUCKETS
+  bench loopback_2x2 90 --machines 2 --gpus-per-machine 2 --mode loopback -- $SIZES $B $BUCKETS
+  for topo in 2x2 4x2 4x1; do
+    bench "wire_bf16_$topo" 90 --machines "${topo%x*}" --gpus-per-machine "${topo#*x}" $CAP -- \
+      $WIRE_SIZES $B --wire bfloat16
+  done
+  if [ "$NGPU" -ge 2 ]; then  # a machine's two ranks on two GPUs: NVLink inside, NCCL sees 2 hosts
+    EMU=$E_ALL bench faithful_2x2 120 --machines 2 --gpus-per-machine 2 $CAP -- $SIZES $B $BUCKETS
+  fi
+  python3 -m ringreduce.benchmark.summary "$W"/*.json --json "$R/perf.json" \
+    ${PLOT[@]+"${PLOT[@]}" "$R/perf.png"} > "$W/summary_body.txt" 2>&1 ;;
+faults)
+  step gpu_faults 240 python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
+    python3 -m pytest -m gpu tests -k fault -p no:cacheprovider -v -rs
+  # exit 1 is the expected outcome here: every rank must raise, none may hang
+  step link_cut 200 env RINGREDUCE_TIMEOUT=${CUT_TIMEOUT_S:-20} $E --machines 2 --gpus-per-machine 2 \
+    $CAP --cut-link "1:${CUT_S:-60}" --cut-grace 90 --script benchmarks/soak.py -- \
+    --calls 10000000 --min-bytes 65536
+  { pytest_summary "$W/gpu_faults.log"
+    echo "== link cut (expect every rank to end with RingReduceError within RINGREDUCE_TIMEOUT):"
+    grep -hE "^# emulate: (cut|rank|ranks)" "$W/link_cut.log"
+    grep -hoE "RingReduceError: .{0,220}" "$W/link_cut.log" | sort -u | head -4
+    ended=$(grep -cE "^# emulate: rank [0-9]+ ended" "$W/link_cut.log")
+    raised=$(grep -cE "^\[rank[0-9]+\]: ringreduce.errors.RingReduceError" "$W/link_cut.log")
+    slowest=$(grep -oE "ended [0-9.]+ s after" "$W/link_cut.log" | awk '{print $2}' | sort -n | tail -1)
+    verdict=FAIL; [ "$ended" = 4 ] && [ "$raised" = 4 ] && verdict=PASS
+    echo "link cut: $verdict ($ended/4 ranks ended, $raised raised RingReduceError, slowest ${slowest:-?} s after the cut; deadline ${CUT_TIMEOUT_S:-20} s)"
+  } > "$W/summary_body.txt" ;;
+soak)
+  step soak_2x2 420 $E --machines 2 --gpus-per-machine 2 --mode loopback --script benchmarks/soak.py -- \
+    --calls "${SOAK_CALLS:-6000}" --min-bytes 65536 --json "$W/soak_2x2.json"
+  grep -hE "^# soak|wrong|FAILED|Error" "$W/soak_2x2.log" | cut -c1-400 | tail -12 > "$W/summary_body.txt" ;;
+dlrm)
+  for topo in 2x2 4x2; do
+    step "dlrm_$topo" 240 $E --machines "${topo%x*}" --gpus-per-machine "${topo#*x}" $CAP \
+      --script benchmarks/dlrm.py -- --modes nccl,hook,backend \
+      --json "$W/dlrm_$topo.json" ${PLOT[@]+"${PLOT[@]}" "$W/dlrm_$topo.png"}
+  done
+  grep -hvE "Warning|warn|^W1|^\[rank|^\s*$|socket.cpp|^###" "$W"/dlrm_*.log | tail -40 > "$W/summary_body.txt" ;;
+kernels)
+  step kernel_tests 200 python3 -m pytest -m gpu tests/test_kernels.py -p no:cacheprovider -v -rs
+  step kernel_bench 120 python3 benchmarks/kernel_bench.py
+  step kernel_occupancy 120 python3 benchmarks/kernel_occupancy.py
+  { pytest_summary "$W/kernel_tests.log"; tail -25 "$W/kernel_bench.log" "$W/kernel_occupancy.log"; } \
+    > "$W/summary_body.txt" ;;
+esac
+
+{
+  echo "# gpu.sh $suite  $(date -u +%FT%TZ)  commit $(git rev-parse --short HEAD 2>/dev/null)  $(nvidia-smi -L 2>/dev/null | head -1)"
+  python3 -c 'import torch; print("# torch", torch.__version__, "NCCL", torch.cuda.nccl.version())' 2>/dev/null
+  cat "$STATUS"
+  cat "$W/summary_body.txt"
+} > "$R/summary.txt"
+tar -czf "$R/logs.tar.gz" -C "$W" . && rm -rf "$W"
+cat "$R/summary.txt"

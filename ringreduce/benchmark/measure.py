@@ -1,0 +1,257 @@
+"""One row of the benchmark: ringreduce and both references (references.py) on the
+same buffers, interleaved per round, so drift in the network or clocks hits all alike.
+
+A round's time is the slowest rank's (the collective ends when its last rank does);
+the row shows the median over rounds. Per implementation a row carries device time,
+host time (how long the calls kept the caller), CPU time per call (process CPU time
+over the timed loop, every thread, so NCCL's proxy threads and gloo's count; mean over
+ranks) and the wrong elements of the checked iterations, which run outside the timed
+loops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import ringreduce
+
+from . import references
+from .launch import Launch
+from .references import Pair, Reduce
+
+#: Row key prefixes, in table order: ringreduce, the flat reference, the two-level one.
+IMPLS = ("rr", "ref", "two_level")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    """What every measurement needs; built once per process."""
+
+    args: argparse.Namespace
+    comm: ringreduce.Communicator
+    launch: Launch
+    backend: str
+    device: torch.device
+    dtype: torch.dtype
+    op: dist.ReduceOp
+    groups: references.Groups | None
+    """Machine and rail groups of the two-level reference (all-reduce only)."""
+
+
+def inputs(count: int, rank: int, b: Bench) -> torch.Tensor:
+    """Rank r, element i: ((i + r) % 7) - 3. Sums over n ranks stay within 3n, exact
+    in fp16 up to n = 682 and in bf16 up to n = 85, so results compare bit for bit."""
+    i = torch.arange(count, device=b.device)
+    return ((i + rank) % 7 - 3).to(b.dtype)
+
+
+def expected(count: int, b: Bench) -> tuple[torch.Tensor, float]:
+    """The all-reduce of every rank's inputs, computed locally in float64 (element i
+    depends only on i % 7: a 7-entry table gives all of it), and the tolerance: 0
+    except float AVG over a world that is not a power of two, where x / n is not
+    representable and NCCL pre-multiplies by 1/n before summing."""
+    n = b.launch.world_size
+    table = (torch.arange(7, dtype=torch.float64)[:, None] + torch.arange(n)[None, :]) % 7 - 3
+    op = b.args.op
+    col = table.amax(1) if op == "max" else table.amin(1) if op == "min" else table.sum(1)
+    if op == "avg":
+        col = col / n if b.dtype.is_floating_point else torch.trunc(col / n)
+    rounded = op == "avg" and b.dtype.is_floating_point and n & (n - 1) != 0
+    index = torch.arange(count, device=b.device) % 7  # on the device: no host copy of S
+    return (col.to(b.device)[index].to(b.dtype),
+            4 * torch.finfo(b.dtype).eps if rounded else 0.0)
+
+
+def workload(count: int, b: Bench) -> tuple[torch.Tensor, torch.Tensor, int, float]:
+    """(this rank's input, the output it must get, output length, tolerance) for a
+    collective over ``count`` elements in all (a multiple of the world size for the
+    block collectives)."""
+    rank, n, kind = b.launch.rank, b.launch.world_size, b.args.collective
+    if kind == "all_reduce":
+        want, tol = expected(count, b)
+        return inputs(count, rank, b), want, count, tol
+    block = count // n
+    if kind == "reduce_scatter":
+        want, tol = expected(count, b)
+        return inputs(count, rank, b), want[rank * block:(rank + 1) * block], block, tol
+    gathered = torch.cat([inputs(block, r, b) for r in range(n)])
+    return inputs(block, rank, b), gathered, count, 0.0
+
+
+def ringreduce_fn(b: Bench) -> Reduce:
+    """One synchronous call, or K async calls all issued before the first wait."""
+    call = {"all_reduce": lambda i, o, a: b.comm.all_reduce(o, op=b.op, async_op=a),
+            "reduce_scatter": lambda i, o, a: b.comm.reduce_scatter(o, i, op=b.op, async_op=a),
+            "all_gather": lambda i, o, a: b.comm.all_gather(o, i, async_op=a)}[b.args.collective]
+
+    def run(bufs: list[Pair]) -> None:
+        futures = [call(i, o, len(bufs) > 1) for i, o in bufs]
+        for future in futures:
+            if future is not None:
+                future.wait()
+    return run
+
+
+def implementations(b: Bench, bufs: list[Pair]) -> dict[str, Reduce | None]:
+    """ringreduce, the flat reference, and the two-level one (None where it does not
+    apply: the block collectives)."""
+    avg_by_division = b.args.op == "avg" and b.backend != "nccl"
+    n = b.launch.world_size
+    two = None if b.groups is None or b.args.collective != "all_reduce" \
+        else references.two_level(b.groups, b.op, n, bufs)
+    return {"rr": ringreduce_fn(b),
+            "ref": references.flat(b.args.collective, b.op, avg_by_division, n),
+            "two_level": two}
+
+
+def route_of(comm: ringreduce.Communicator) -> str:
+    """The route of ringreduce's latest call, from its flight record: "hierarchical"
+    or "flat" (the engine's routing decides; this only reads what it decided)."""
+    record = comm._res.guard.recorder.last()  # the engine's own record of the call
+    if record is None:
+        return "unknown (RINGREDUCE_FLIGHT_RECORDS=0)"
+    return "hierarchical" if record.route.startswith("hierarchical") else record.route
+
+
+def time_loop(reduce: Reduce, bufs: list[Pair], iters: int,
+              cuda: bool) -> tuple[float, float, float]:
+    """Seconds per iteration of ``iters`` back-to-back calls: (device time, host time
+    to issue, process CPU time). CUDA events time the device work; the host clock
+    times how long the calls kept the caller; CPU time runs until the device is done
+    (NCCL's proxy threads work until then), waited for with a blocking-sync event so
+    the wait itself sleeps instead of spinning. The barrier keeps a late rank out."""
+    dist.barrier()
+    if not cuda:
+        cpu, start = time.process_time(), time.perf_counter()
+        for _ in range(iters):
+            reduce(bufs)
+        host = (time.perf_counter() - start) / iters
+        return host, host, (time.process_time() - cpu) / iters
+    begin = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True, blocking=True)
+    begin.record()
+    cpu, start = time.process_time(), time.perf_counter()
+    for _ in range(iters):
+        reduce(bufs)
+    host = (time.perf_counter() - start) / iters
+    end.record()
+    end.synchronize()
+    cpu = (time.process_time() - cpu) / iters
+    return begin.elapsed_time(end) / 1e3 / iters, host, cpu
+
+
+def check_loop(reduce: Reduce, bufs: list[Pair], pattern: torch.Tensor,
+               want: torch.Tensor, iters: int, tol: float) -> int:
+    """Wrong elements over ``iters`` calls, re-initialising the inputs (and clearing
+    the outputs) each time: the all-reduce is in place."""
+    wrong = 0
+    for _ in range(iters):
+        for i, o in bufs:
+            o.fill_(99)
+            i.copy_(pattern)
+        reduce(bufs)
+        for _, t in bufs:
+            ok = t == want if tol == 0 else torch.isclose(t.double(), want.double(),
+                                                          rtol=tol, atol=tol)
+            wrong += int((~ok).sum())
+    return wrong
+
+
+def measure(b: Bench, size: int, buckets: int) -> dict[str, Any]:
+    """One row: every implementation, interleaved over rounds."""
+    a, cuda, n = b.args, b.device.type == "cuda", b.launch.world_size
+    count = size // b.dtype.itemsize
+    if a.collective != "all_reduce":
+        count -= count % n  # whole blocks
+    pattern, want, out_count, tol = workload(count, b)
+    bufs = []
+    for _ in range(buckets):
+        data = pattern.clone()
+        bufs.append((data, data if a.collective == "all_reduce"
+                     else torch.empty(out_count, dtype=b.dtype, device=b.device)))
+    impls = implementations(b, bufs)
+    live = [(k, f) for k, f in impls.items() if f is not None]
+    for _, reduce in live:
+        for _ in range(a.warmup_iters):
+            reduce(bufs)
+    # (implementation, round, [device, host, cpu]); wrong per implementation
+    stats = torch.zeros(len(live), a.rounds, 3, dtype=torch.float64)
+    wrong = torch.zeros(len(live), dtype=torch.int64)
+    route = "unknown"
+    for r in range(a.rounds):
+        for i, (name, reduce) in enumerate(live):
+            wrong[i] += check_loop(reduce, bufs, pattern, want, a.check, tol)
+            for t, _ in bufs:
+                t.copy_(pattern)  # keep SUM from overflowing to inf/NaN while timed
+            stats[i, r] = torch.tensor(time_loop(reduce, bufs, a.iters, cuda))
+            if name == "rr":
+                route = route_of(b.comm)
+    return make_row(b, count, buckets, route, [k for k, _ in live], *_gather(b, stats, wrong))
+
+
+def _gather(b: Bench, stats: torch.Tensor,
+            wrong: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Across ranks: device and host time are the slowest rank's, CPU time the mean;
+    then the median over rounds. Returns (device s, host s, cpu s) per implementation
+    and the wrong elements summed over ranks."""
+    times = stats[:, :, :2].contiguous().to(b.device)
+    cpu = stats[:, :, 2].contiguous().to(b.device)
+    wrong = wrong.to(b.device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    dist.all_reduce(cpu, op=dist.ReduceOp.SUM)
+    dist.all_reduce(wrong, op=dist.ReduceOp.SUM)
+    times = times.cpu().median(dim=1).values
+    cpu = (cpu.cpu() / b.launch.world_size).median(dim=1).values
+    return times, cpu, wrong.cpu().tolist()
+
+
+def make_row(b: Bench, count: int, buckets: int, route: str, names: list[str],
+             times: torch.Tensor, cpu: torch.Tensor, wrong: list[int]) -> dict[str, Any]:
+    """nccl-tests figures per implementation; with K buckets one iteration moves K *
+    size bytes, and host and CPU time are per call (per bucket)."""
+    a, n, size = b.args, b.launch.world_size, count * b.dtype.itemsize
+    row: dict[str, Any] = {"size": size, "count": count, "type": a.datatype,
+                           "redop": "-" if a.collective == "all_gather" else a.op,
+                           "buckets": buckets, "collective": a.collective, "route": route,
+                           "wire": a.wire or "-"}
+    # nccl-tests' bus factors; a block collective is half an all-reduce on every link.
+    passes = 2 if a.collective == "all_reduce" else 1
+    t_min = link_bound(size * buckets, b.comm.topology.machines, a.link_gbit, passes)
+    for name in IMPLS:
+        row |= {f"{name}_{k}": None for k in ("time_us", "host_us", "cpu_us", "algbw",
+                                              "busbw", "wrong", "link_eff")}
+    for i, name in enumerate(names):
+        sec = float(times[i, 0])
+        algbw = size * buckets / sec / 1e9
+        row |= {f"{name}_time_us": sec * 1e6, f"{name}_host_us": float(times[i, 1]) * 1e6 /
+                buckets, f"{name}_cpu_us": float(cpu[i]) * 1e6 / buckets,
+                f"{name}_algbw": algbw, f"{name}_busbw": algbw * passes * (n - 1) / n,
+                f"{name}_wrong": wrong[i],
+                f"{name}_link_eff": t_min / sec if t_min else None}
+    rr = row["rr_time_us"]
+    row["ratio"] = row["ref_time_us"] / rr
+    row["two_level_ratio"] = None if row["two_level_time_us"] is None \
+        else row["two_level_time_us"] / rr
+    return row
+
+
+def link_bound(total_bytes: int, machines: int, link_gbit: float | None,
+               passes: int = 2) -> float | None:
+    """T_min = 2S(M-1)/(M*B) for an all-reduce: each machine must send (and receive)
+    2S(M-1)/M bytes over its own link of B bytes/s; S(M-1)/M for a reduce-scatter or
+    all-gather of S bytes in all (``passes`` = 1). None without --link-gbit or with
+    one machine."""
+    if not link_gbit or machines < 2:
+        return None
+    return passes * total_bytes * (machines - 1) / (machines * link_gbit * 1e9 / 8)
+
+
+def wrong_elements(rows: list[dict[str, Any]]) -> int:
+    """Every wrong element of every implementation in ``rows``."""
+    return sum(row[f"{name}_wrong"] or 0 for row in rows for name in IMPLS)

@@ -72,15 +72,20 @@ pytest_summary() {  # the result lines of a pytest log
 
 case "$suite" in
 tests)
-  # The fault tests have their own suite (faults); TESTS_K="" runs every GPU test here.
-  step gpu_tests 430 python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
+  # Correctness at every topology; the fault tests at 2x1 only (each waits out a
+  # deadline): the faults suite runs them at every topology, with the capped link cut.
+  step info 30 python3 -m ringreduce.info
+  step gpu_tests 330 python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
     python3 -m pytest -m gpu tests -k "${TESTS_K-not fault}" -p no:cacheprovider -v -rs --durations=15
-  if [ -e tests/torch_suite.py ] || [ -d tests/torch_suite ]; then
-    step torch_suite 150 python3 benchmarks/emulate.py --mps-only -- \
-      python3 -m tests.torch_suite --device cuda
-  fi
-  { pytest_summary "$W/gpu_tests.log"; [ -f "$W/torch_suite.log" ] && tail -15 "$W/torch_suite.log"; } \
-    > "$W/summary_body.txt" ;;
+  step gpu_faults_2x1 150 python3 benchmarks/emulate.py --mps-only -- \
+    env RINGREDUCE_GPU_TOPOLOGIES=2x1 RR_MPS=1 python3 -m pytest -m gpu tests -k fault \
+    -p no:cacheprovider -v -rs -s
+  left=$((BUDGET_S - (SECONDS - START) - 20))
+  step torch_suite 150 python3 benchmarks/emulate.py --mps-only -- \
+    python3 -m tests.torch_suite --device cuda --jobs 4 --time-limit $((left > 40 ? left : 40))
+  { pytest_summary "$W/gpu_tests.log" "$W/gpu_faults_2x1.log"
+    grep -h "^\[fault" "$W/gpu_faults_2x1.log"
+    [ -f "$W/torch_suite.log" ] && tail -15 "$W/torch_suite.log"; } > "$W/summary_body.txt" ;;
 perf)
   bench capped_2x2 120 --machines 2 --gpus-per-machine 2 $CAP -- $SIZES $B $BUCKETS
   bench capped_4x1 120 --machines 4 --gpus-per-machine 1 $CAP -- $SIZES $B $BUCKETS

@@ -10,3 +10,10 @@ else
   export PYTHONPATH=$PWD
 fi
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+# The native issuer (ringreduce._native) built in place with the machine's g++, so the
+# GPU tests and the benchmark run the tree as an install would; `python -m ringreduce.info`
+# in each suite's log says whether it was built and which issuer a CUDA call uses.
+if command -v g++ >/dev/null 2>&1 && ! ls ringreduce/_native*.so >/dev/null 2>&1; then
+  python3 setup.py -q build_ext --inplace > "$OUT/native_build.log" 2>&1 \
+    || echo "native build failed: $OUT/native_build.log"
+fi

@@ -137,7 +137,7 @@ kernels)
 esac
 
 {
-  echo "# gpu.sh $suite  $(date -u +%FT%TZ)  commit $(git rev-parse --short HEAD 2>/dev/null)  $(nvidia-smi -L 2>/dev/null | head -1)"
+  echo "# gpu.sh $suite  $(date -u +%FT%TZ)  commit ${RR_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}  $(nvidia-smi -L 2>/dev/null | head -1)"
   python3 -c 'import torch; print("# torch", torch.__version__, "NCCL", torch.cuda.nccl.version())' 2>/dev/null
   cat "$STATUS"
   cat "$W/summary_body.txt"

@@ -121,7 +121,14 @@ def _killed_worker(rank: int, world: int) -> None:
         faults.mark_fault()
         os.kill(os.getpid(), signal.SIGKILL)
     _survive(comm, dev, "killed")
-    _survivors_carry_on(rank, world, dev)
+    if os.environ.get("RR_MPS") != "1":
+        _survivors_carry_on(rank, world, dev)
+    # Under CUDA MPS the survivors cannot carry on, and it is MPS's doing: a client
+    # killed with work on the GPU ends in a fatal fault that MPS reports to every client
+    # of that GPU (NVIDIA's MPS guide: Volta+ MPS has *limited* error containment), so the
+    # survivor's next CUDA call fails with "an illegal memory access was encountered"
+    # (seen on one H200, benchmarks/results/2026-11-23-h200-clusters). Without MPS (ranks
+    # time-sliced, or on their own GPUs) and on the CPU path they carry on, tested.
     _leave()
 
 

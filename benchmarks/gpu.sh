@@ -75,9 +75,9 @@ tests)
   # Correctness at every topology; the fault tests at 2x1 only (each waits out a
   # deadline): the faults suite runs them at every topology, with the capped link cut.
   step info 30 python3 -m ringreduce.info
-  step gpu_tests 330 python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
+  step gpu_tests ${TESTS_S:-330} python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
     python3 -m pytest -m gpu tests -k "${TESTS_K-not fault}" -p no:cacheprovider -v -rs --durations=15
-  step gpu_faults_2x1 150 python3 benchmarks/emulate.py --mps-only -- \
+  step gpu_faults_2x1 ${FAULTS_S:-150} python3 benchmarks/emulate.py --mps-only -- \
     env RINGREDUCE_GPU_TOPOLOGIES=2x1 RR_MPS=1 python3 -m pytest -m gpu tests -k fault \
     -p no:cacheprovider -v -rs -s
   left=$((BUDGET_S - (SECONDS - START) - 20))

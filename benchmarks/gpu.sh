@@ -103,11 +103,15 @@ perf)
 faults)
   step gpu_faults 240 python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
     python3 -m pytest -m gpu tests -k fault -p no:cacheprovider -v -rs
+  # A client killed under MPS takes the MPS server down for every client of the GPU, so
+  # the killed-peer tests (skipped above) run at 2x1 without MPS: two ranks time-slice.
+  step gpu_killed_2x1 120 python3 -m pytest -m gpu tests -k "killed or failed_work" \
+    -p no:cacheprovider -v -rs -s
   # exit 1 is the expected outcome here: every rank must raise, none may hang
   step link_cut 200 env RINGREDUCE_TIMEOUT=${CUT_TIMEOUT_S:-20} $E --machines 2 --gpus-per-machine 2 \
     $CAP --cut-link "1:${CUT_S:-60}" --cut-grace 90 --script benchmarks/soak.py -- \
     --calls 10000000 --min-bytes 65536
-  { pytest_summary "$W/gpu_faults.log"
+  { pytest_summary "$W/gpu_faults.log" "$W/gpu_killed_2x1.log"
     echo "== link cut (expect every rank to end with RingReduceError within RINGREDUCE_TIMEOUT):"
     grep -hE "^# emulate: (cut|rank|ranks)" "$W/link_cut.log"
     grep -hoE "RingReduceError: .{0,220}" "$W/link_cut.log" | sort -u | head -4

@@ -42,6 +42,7 @@ from torch._C import _distributed_c10d as c10d
 
 from .checks import DTYPES, OPS
 from .engine import Communicator
+from .errors import RingReduceError
 
 NAME = "ringreduce"
 log = logging.getLogger("ringreduce")
@@ -152,7 +153,15 @@ class EngineWork(dist.Work):
         self._fut, self._engine, self._op = fut, engine, engine.op_number
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        self._fut.wait()  # raises the Future's error; CUDA: a stream wait, no host sync
+        try:
+            self._fut.wait()  # raises the Future's error; CUDA: a stream wait, no host sync
+        except RingReduceError:
+            raise
+        except RuntimeError as exc:  # CUDA's own (torch.AcceleratorError): a sticky error
+            raise RingReduceError(
+                f"operation #{self._op} of the ringreduce backend failed: the CUDA context "
+                f"reported an error ({exc}); the tensor's contents are undefined and this "
+                "process's CUDA state is lost: restart it") from exc
         self._engine.raise_if_failed(self._op)
         return True
 

@@ -24,6 +24,7 @@ import ringreduce
 
 from .multiproc import run_ranks
 from .test_cpu_conformance import backend_tracked_worker, create_graph_worker, tracked_worker
+from .test_gpu_faults import KILLED_UNDER_MPS
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [
@@ -98,6 +99,7 @@ def _failed_work_worker(rank: int, world: int) -> None:
     os._exit(0)  # torch's own NCCL teardown with a dead peer is not under test
 
 
+@KILLED_UNDER_MPS
 def test_gpu_backend_failed_work_raises_from_wait() -> None:
     env = one_gpu_env("2x1", RINGREDUCE_TIMEOUT=str(DEADLINE))
     run_ranks(_failed_work_worker, 2, backend="ringreduce", env=env, timeout=180,

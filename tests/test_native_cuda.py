@@ -24,7 +24,15 @@ from . import faults
 from .cases import check_equal, expected, interleaved, rank_input, sizes_for, sweep
 from .multiproc import run_ranks
 from .test_gpu import _env
-from .test_gpu_faults import NUMEL, OPS, _env_with_deadline, _healthy, _leave, _survive
+from .test_gpu_faults import (
+    KILLED_UNDER_MPS,
+    NUMEL,
+    OPS,
+    _env_with_deadline,
+    _healthy,
+    _leave,
+    _survive,
+)
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [
@@ -82,6 +90,7 @@ def _killed_worker(rank: int, world: int) -> None:
     _leave()
 
 
+@KILLED_UNDER_MPS
 def test_gpu_native_issuer_killed_peer_becomes_an_error_within_the_deadline() -> None:
     run_ranks(_killed_worker, 2, backend="nccl",
               env=_env_with_deadline(2, 1, {"RINGREDUCE_ISSUER": "native"}), timeout=240,

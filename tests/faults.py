@@ -53,11 +53,10 @@ def meet(key: str, count: int) -> None:
 
 
 def carry_on(rank: int, ranks: Sequence[int], machines: int, device: torch.device) -> None:
-    """After a fault: a new group of ``ranks`` (only they take part in making it), a new
-    Communicator on it, and an exact all-reduce, hierarchical when ``machines`` > 1."""
+    """After a fault: a new Communicator of ``ranks`` (only they take part in making it)
+    and an exact all-reduce, hierarchical when ``machines`` > 1."""
     ranks = list(ranks)
-    group = dist.new_group(ranks, use_local_synchronization=True)
-    with ringreduce.Communicator(group, machines=machines, min_bytes=0) as comm:
+    with _survivors_communicator(rank, ranks, machines, device) as comm:
         n = 1003  # a padding tail at every small topology
         t = rank_input(ranks.index(rank), n, torch.float32, device, salt=7)
         comm.all_reduce(t)
@@ -65,6 +64,21 @@ def carry_on(rank: int, ranks: Sequence[int], machines: int, device: torch.devic
                     f"rank {rank}: all-reduce on a new Communicator after the fault")
         route = comm._res.guard.recorder._records[-1].route
         assert route == ("hierarchical" if machines > 1 else "flat"), route
+
+
+def _survivors_communicator(rank: int, ranks: list[int], machines: int,
+                            device: torch.device) -> ringreduce.Communicator:
+    """CPU: on a new gloo group of the survivors. CUDA: straight on the store, as the
+    ringreduce backend builds its engine: torch's ``new_group`` on an NCCL default group
+    bound to a device splits the default communicator, which needs every rank, the dead
+    one too (it hung there on the H200, benchmarks/results/2026-11-23-h200-clusters)."""
+    if device.type != "cuda":
+        group = dist.new_group(ranks, use_local_synchronization=True)
+        return ringreduce.Communicator(group, machines=machines, min_bytes=0)
+    prefix = "carry_on/" + "-".join(map(str, ranks)) + "/"
+    return ringreduce.Communicator._on_store(dist.PrefixStore(prefix, store()),
+                                             ranks.index(rank), len(ranks), device,
+                                             machines=machines, min_bytes=0)
 
 
 @contextlib.contextmanager

@@ -2,15 +2,14 @@
 and the ``ringreduce`` backend, DDP with create_graph=True), and a failed operation's
 Work raises from ``wait()`` once the watchdog has found it, ``is_success()`` False.
 
-2 x 1 on one GPU (NCCL_HOSTID vm0, vm1), and 2 x 2 when RINGREDUCE_GPU_TOPOLOGIES asks
-for it (under CUDA MPS: each rank its own host id, the machine count passed). Run with
+At the two-machine topologies of RINGREDUCE_GPU_TOPOLOGIES (default 2 x 1; tests/test_gpu.py
+gives ranks that share a GPU host ids of their own and passes the machine count). Run with
 ``pytest -m gpu``; skipped without CUDA or nccl4py.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import importlib.util
 import os
 import signal
 import sys
@@ -24,30 +23,20 @@ import ringreduce
 
 from .multiproc import run_ranks
 from .test_cpu_conformance import backend_tracked_worker, create_graph_worker, tracked_worker
+from .test_gpu import _env, topologies
+from .test_gpu import pytestmark as gpu_marks
 from .test_gpu_faults import KILLED_UNDER_MPS
 
-GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(GPUS == 0, reason="needs CUDA GPUs"),
-    pytest.mark.skipif(importlib.util.find_spec("nccl") is None, reason="needs nccl4py"),
-]
-SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-        "NVSHMEM_DISABLE_NVLS": "1"}
-TOPOLOGIES = ["2x1", *(["2x2"] if "2x2" in os.environ.get("RINGREDUCE_GPU_TOPOLOGIES", "")
-                       else [])]
+pytestmark = gpu_marks
+TOPOLOGIES = [f"{m}x{d}" for m, d in topologies() if m == 2] or ["2x1"]
+"""Two machines: the workers build ``Communicator(machines=2)``."""
 DEADLINE = 10.0
 SLACK = 15.0  # abort and NCCL teardown with ranks sharing one GPU
 
 
 def one_gpu_env(topology: str, **extra: str) -> list[dict[str, str]]:
-    """Every rank on GPU 0; ranks of a machine that share it get their own host id
-    (NCCL refuses two ranks of one host on one GPU), so the machine count is passed."""
     machines, devices = (int(x) for x in topology.split("x"))
-    return [{**SAFE, **extra, "RR_TEST_DEVICE": "0",
-             "NCCL_HOSTID": f"vm{r // devices}r{r % devices}",
-             "RINGREDUCE_MACHINES": str(machines), "RINGREDUCE_MIN_BYTES": "0"}
-            for r in range(machines * devices)]
+    return [{**e, "RINGREDUCE_MIN_BYTES": "0", **extra} for e in _env(machines, devices)]
 
 
 def _world(topology: str) -> int:

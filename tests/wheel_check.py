@@ -1,0 +1,43 @@
+"""The wheel as a user gets it: run with the python of a fresh venv in which the built wheel
+is installed non-editable (.ci/run does this), never from the checkout.
+
+A wheel once shipped no native/*.cu, so a non-editable install failed at the first kernel
+on a GPU; the sources are now copied into ``ringreduce/native/`` by setup.py's build_py.
+This checks the installed package finds every kernel source inside itself, and that the
+native issuer's extension was built into the wheel where a C++ compiler exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+from pathlib import Path
+
+import ringreduce
+from ringreduce import kernels
+
+KERNEL_SOURCES = ("add.cu", "wire.cu", "numeric.cuh")
+
+
+def main() -> int:
+    package = Path(ringreduce.__file__).resolve().parent
+    if "site-packages" not in package.parts:
+        print(f"wheel check: ringreduce imported from {package}, not an installed wheel",
+              file=sys.stderr)
+        return 1
+    source = kernels.source_dir().resolve()
+    missing = [name for name in KERNEL_SOURCES if not (source / name).is_file()]
+    if missing or not source.is_relative_to(package):
+        print(f"wheel check: kernel sources {missing or KERNEL_SOURCES} not in the package "
+              f"(source_dir() = {source})", file=sys.stderr)
+        return 1
+    if shutil.which("g++"):
+        importlib.import_module("ringreduce._native")  # raises if the wheel lacks it
+    print(f"wheel check: {package} has {', '.join(KERNEL_SOURCES)}"
+          + (" and ringreduce._native" if shutil.which("g++") else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

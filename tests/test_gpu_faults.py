@@ -18,7 +18,6 @@ outstanding work is done, or raises the watchdog's RingReduceError) or from its 
 from __future__ import annotations
 
 import faulthandler
-import importlib.util
 import os
 import signal
 import sys
@@ -34,13 +33,9 @@ import ringreduce
 from . import faults, netns
 from .multiproc import run_ranks
 from .test_gpu import IDS, SMALL, TOPOLOGIES, _env
+from .test_gpu import pytestmark as gpu_marks
 
-GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(GPUS == 0, reason="needs CUDA GPUs"),
-    pytest.mark.skipif(importlib.util.find_spec("nccl") is None, reason="needs nccl4py"),
-]
+pytestmark = gpu_marks
 
 DEADLINE = 10.0
 SLACK = 15.0  # abort, NCCL proxy teardown, up to 8 processes on one shared GPU

@@ -8,7 +8,6 @@ CUDA, nccl4py or the built extension.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import time
@@ -24,6 +23,7 @@ from . import faults
 from .cases import check_equal, expected, interleaved, rank_input, sizes_for, sweep
 from .multiproc import run_ranks
 from .test_gpu import _env
+from .test_gpu import pytestmark as gpu_marks
 from .test_gpu_faults import (
     KILLED_UNDER_MPS,
     NUMEL,
@@ -36,9 +36,7 @@ from .test_gpu_faults import (
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(GPUS == 0, reason="needs CUDA GPUs"),
-    pytest.mark.skipif(importlib.util.find_spec("nccl") is None, reason="needs nccl4py"),
+    *gpu_marks,
     pytest.mark.skipif(native.extension()[0] is None, reason="ringreduce._native not built"),
 ]
 TOPOLOGY = (2, 2) if GPUS >= 2 else (2, 1)

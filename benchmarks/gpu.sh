@@ -80,9 +80,12 @@ tests)
   step gpu_faults_2x1 ${FAULTS_S:-150} python3 benchmarks/emulate.py --mps-only -- \
     env RINGREDUCE_GPU_TOPOLOGIES=2x1 RR_MPS=1 python3 -m pytest -m gpu tests -k fault \
     -p no:cacheprovider -v -rs -s
-  left=$((BUDGET_S - (SECONDS - START) - 20))
-  step torch_suite 150 python3 benchmarks/emulate.py --mps-only -- \
-    python3 -m tests.torch_suite --device cuda --jobs 4 --time-limit $((left > 40 ? left : 40))
+  # The driver's own --time-limit ends a little before the step's, so it still prints
+  # (and keeps) the cases that finished; the step's timeout would kill it silently.
+  suite_s=${SUITE_S:-150}; left=$((BUDGET_S - (SECONDS - START) - 20))
+  [ "$left" -lt "$suite_s" ] && suite_s=$left
+  step torch_suite "$suite_s" python3 benchmarks/emulate.py --mps-only -- \
+    python3 -m tests.torch_suite --device cuda --jobs 4 --time-limit $((suite_s > 70 ? suite_s - 30 : 40))
   { pytest_summary "$W/gpu_tests.log" "$W/gpu_faults_2x1.log"
     grep -h "^\[fault" "$W/gpu_faults_2x1.log"
     [ -f "$W/torch_suite.log" ] && tail -15 "$W/torch_suite.log"; } > "$W/summary_body.txt" ;;

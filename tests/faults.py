@@ -62,7 +62,9 @@ def carry_on(rank: int, ranks: Sequence[int], machines: int, device: torch.devic
         comm.all_reduce(t)
         check_equal(t, expected(len(ranks), n, torch.float32, dist.ReduceOp.SUM, device, salt=7),
                     f"rank {rank}: all-reduce on a new Communicator after the fault")
-        route = comm._res.guard.recorder._records[-1].route
+        record = comm._res.guard.recorder.last()
+        assert record is not None
+        route = record.route
         assert route == ("hierarchical" if machines > 1 else "flat"), route
 
 

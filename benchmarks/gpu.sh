@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for GPU runs, one suite per device call:
 #
-#   bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels
+#   bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels|native
 #
 #   tests    the GPU tests but the fault tests (pytest -m gpu -k "not fault"; TESTS_K) under
 #            a private CUDA MPS daemon with
@@ -16,6 +16,9 @@
 #   soak     SOAK_CALLS random exact calls at 2x2 (loopback), memory flat
 #   dlrm     DDP on NCCL vs the hook vs the backend, capped 2x2 (then 4x2 if time is left)
 #   kernels  the kernel tests, benchmarks/kernel_bench.py, benchmarks/kernel_occupancy.py
+#   native   the native issuer (issue 18): tests/test_native*.py at 2x1 (no MPS: one test
+#            kills a peer), then benchmarks/native_host.py at 2x2 and 4x2 under MPS: host
+#            time and CPU per 25 MiB call, native vs Python issuer vs NCCL, same run
 #
 # Each suite fits one 9-minute call on one H200 (16 cores): steps run in order, each
 # under its own timeout, and a step that would start past BUDGET_S (default 500 s) is
@@ -27,8 +30,8 @@ set -u
 cd "$(dirname "$0")/.."
 . benchmarks/gpu_env.sh
 suite=${1:-}
-case "$suite" in tests|perf|faults|soak|dlrm|kernels) ;;
-  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels" >&2; exit 2 ;;
+case "$suite" in tests|perf|faults|soak|dlrm|kernels|native) ;;
+  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels|native" >&2; exit 2 ;;
 esac
 R="$OUT/$suite"; W="$R/work"; rm -rf "$R"; mkdir -p "$W"
 BUDGET_S=${BUDGET_S:-500}; START=$SECONDS
@@ -141,6 +144,18 @@ kernels)
   step kernel_occupancy 120 python3 benchmarks/kernel_occupancy.py
   { pytest_summary "$W/kernel_tests.log"; tail -25 "$W/kernel_bench.log" "$W/kernel_occupancy.log"; } \
     > "$W/summary_body.txt" ;;
+native)
+  step info 30 python3 -m ringreduce.info
+  step native_tests ${TESTS_S:-200} python3 -m pytest tests/test_native.py tests/test_native_cuda.py \
+    -k "${TESTS_K-not nothing}" -p no:cacheprovider -v -rs -s
+  for topo in ${HOST_TOPOLOGIES:-2x2 4x2}; do
+    step "host_$topo" ${HOST_S:-150} $E --machines "${topo%x*}" --gpus-per-machine "${topo#*x}" \
+      --mode loopback --script benchmarks/native_host.py -- --size 25M --calls ${HOST_CALLS:-32}
+  done
+  { pytest_summary "$W/native_tests.log"; grep -h "issuer" "$W/info.log"
+    for f in "$W"/host_*.log; do echo "== $(basename "$f" .log)"
+      grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python) (sync|async)" "$f"; done
+  } > "$W/summary_body.txt" ;;
 esac
 
 {

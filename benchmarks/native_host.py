@@ -34,8 +34,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ringreduce
-from ringreduce.bench import parse_size
-from ringreduce.launch import Launch, run_ranks
+from ringreduce.benchmark.launch import Launch, run_ranks
+from ringreduce.benchmark.options import parse_size
 
 
 def _cpu_s() -> float:

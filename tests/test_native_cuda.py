@@ -2,15 +2,21 @@
 against the Python issuer and NCCL on the sweep (dtypes, ops, padding, wire format),
 asynchronous futures, and a killed peer still a RingReduceError within the deadline.
 
-One GPU suffices (2 x 1, both ranks on it). Run with ``pytest -m gpu``; skipped without
-CUDA, nccl4py or the built extension.
+One GPU suffices: the topologies of ``RINGREDUCE_GPU_TOPOLOGIES`` (test_gpu.py), ranks
+sharing the GPU (under MPS, except the killed-peer test). Run with ``pytest -m gpu``;
+skipped without CUDA, nccl4py or the built extension.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
 import signal
+import sys
+import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -22,7 +28,7 @@ from ringreduce import native
 from . import faults
 from .cases import check_equal, expected, interleaved, rank_input, sizes_for, sweep
 from .multiproc import run_ranks
-from .test_gpu import _env
+from .test_gpu import IDS, TOPOLOGIES, _env
 from .test_gpu import pytestmark as gpu_marks
 from .test_gpu_faults import (
     KILLED_UNDER_MPS,
@@ -39,7 +45,27 @@ pytestmark = [
     *gpu_marks,
     pytest.mark.skipif(native.extension()[0] is None, reason="ringreduce._native not built"),
 ]
-TOPOLOGY = (2, 2) if GPUS >= 2 else (2, 1)
+HANG_S = 60.0
+"""A worker still running after this prints its issuer's counters and every Python
+thread's stack, so a hang on the GPU machine leaves the evidence behind."""
+
+
+@contextlib.contextmanager
+def _diagnosed(comm: ringreduce.Communicator, rank: int) -> Iterator[None]:
+    def dump() -> None:
+        native_issuer = comm._res.native
+        counters = native_issuer.worker.counters() if native_issuer is not None else None
+        print(f"[rank {rank}] still running after {HANG_S} s; native issuer {counters}",
+              file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+    timer = threading.Timer(HANG_S, dump)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _with_issuer(env: list[dict[str, str]], issuer: str) -> list[dict[str, str]]:
@@ -50,7 +76,7 @@ def _async_worker(rank: int, world: int) -> None:
     """Many futures in flight, then the caller's stream works on the results without a
     host wait: fut.wait() must order it after each all-reduce."""
     dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(min_bytes=0) as comm:
+    with ringreduce.Communicator(min_bytes=0) as comm, _diagnosed(comm, rank):
         assert comm.describe().endswith("issuer=native"), comm.describe()
         n = (6 << 20) + 5  # 24 MiB fp32: several slices and a tail
         tensors = [rank_input(rank, n, torch.float32, dev, salt=s) for s in range(12)]
@@ -66,9 +92,10 @@ def _async_worker(rank: int, world: int) -> None:
         assert comm.wait_idle(60.0)
 
 
-def test_gpu_native_futures_order_the_callers_stream() -> None:
-    run_ranks(_async_worker, TOPOLOGY[0] * TOPOLOGY[1], backend="nccl",
-              env=_with_issuer(_env(*TOPOLOGY), "native"))
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_native_futures_order_the_callers_stream(machines: int, devices: int) -> None:
+    run_ranks(_async_worker, machines * devices, backend="nccl",
+              env=_with_issuer(_env(machines, devices), "native"), timeout=HANG_S + 40)
 
 
 def _killed_worker(rank: int, world: int) -> None:
@@ -97,7 +124,8 @@ def test_gpu_native_issuer_killed_peer_becomes_an_error_within_the_deadline() ->
 
 def _sweep_worker(rank: int, world: int, issuer: str) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm:
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm, \
+            _diagnosed(comm, rank):
         assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
         sizes = [*sizes_for(comm.topology.devices_per_machine, comm.topology.machines),
                  65537, (1 << 20) + 3]
@@ -120,6 +148,8 @@ def _sweep_worker(rank: int, world: int, issuer: str) -> None:
 
 
 @pytest.mark.parametrize("issuer", ["native", "python"])
-def test_gpu_both_issuers_are_exact_on_the_sweep(issuer: str) -> None:
-    run_ranks(_sweep_worker, TOPOLOGY[0] * TOPOLOGY[1], issuer, backend="nccl",
-              env=_with_issuer(_env(*TOPOLOGY), issuer))
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_both_issuers_are_exact_on_the_sweep(machines: int, devices: int,
+                                                 issuer: str) -> None:
+    run_ranks(_sweep_worker, machines * devices, issuer, backend="nccl",
+              env=_with_issuer(_env(machines, devices), issuer), timeout=HANG_S + 120)

@@ -263,6 +263,11 @@ struct State {
     std::atomic<uint32_t> issued{0};
     std::atomic<bool> poisoned{false};  // stop issuing: communicators are being aborted
     std::atomic<bool> in_call{false};   // inside a CUDA or NCCL call right now
+    // Where the worker is (for a watchdog's error: a hang inside an NCCL or CUDA call
+    // names the call): job, instruction index and op; at_op -1 between jobs.
+    std::atomic<uint32_t> at_seq{0};
+    std::atomic<int64_t> at_index{-1};
+    std::atomic<int64_t> at_op{-1};
     bool closing = false;
     Failure failure;                    // under mu
     std::atomic<bool> failed{false};    // failure.set, readable without mu
@@ -422,8 +427,11 @@ void run_job(State& s, const Job& job) {
     }
     const Program& p = *job.p;
     int depth = 0;
+    s.at_seq.store(job.seq, std::memory_order_relaxed);
     for (size_t i = 0; i < p.code->size(); ++i) {
         const Instr& in = (*p.code)[i];
+        s.at_index.store(int64_t(i), std::memory_order_relaxed);
+        s.at_op.store(in.op, std::memory_order_relaxed);
         // in_call before poisoned (both seq_cst), the reverse of stop(): either stop()
         // sees this call in progress and waits, or this thread sees the poison and never
         // touches a communicator that is being aborted (its handle is freed then).
@@ -447,6 +455,7 @@ void run_job(State& s, const Job& job) {
             break;
         }
     }
+    s.at_op.store(-1, std::memory_order_relaxed);
     if (s.failed.load() || s.poisoned.load()) write_flag_after_failure(s, job.seq);
 }
 
@@ -733,9 +742,15 @@ PyObject* issuer_close(Issuer* self, PyObject*) {
 PyObject* issuer_counters(Issuer* self, PyObject*) {
     State& s = *self->s;
     uint32_t flag = s.has_cuda ? *s.flag : 0;
-    return Py_BuildValue("{s:k,s:k,s:k}", "submitted", static_cast<unsigned long>(s.submitted),
-                         "issued", static_cast<unsigned long>(s.issued.load()), "flag",
-                         static_cast<unsigned long>(flag));
+    int64_t op = s.at_op.load(std::memory_order_relaxed);
+    return Py_BuildValue("{s:k,s:k,s:k,s:k,s:L,s:s}", "submitted",
+                         static_cast<unsigned long>(s.submitted), "issued",
+                         static_cast<unsigned long>(s.issued.load()), "flag",
+                         static_cast<unsigned long>(flag), "at_job",
+                         static_cast<unsigned long>(s.at_seq.load(std::memory_order_relaxed)),
+                         "at_instruction",
+                         static_cast<long long>(s.at_index.load(std::memory_order_relaxed)),
+                         "at_op", op >= 0 && op < OP_COUNT ? kOpNames[op] : "-");
 }
 
 PyMethodDef issuer_methods[] = {
@@ -758,7 +773,7 @@ PyMethodDef issuer_methods[] = {
     {"close", reinterpret_cast<PyCFunction>(issuer_close), METH_NOARGS,
      "issue what is queued, then end the worker thread"},
     {"counters", reinterpret_cast<PyCFunction>(issuer_counters), METH_NOARGS,
-     "submitted, issued and flag values"},
+     "submitted, issued, flag; the job, instruction and op the worker is at ('-': idle)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject IssuerType = {PyVarObject_HEAD_INIT(nullptr, 0)};

@@ -259,6 +259,15 @@ class Completion:
             raise RingReduceError(self.issuer.failure_text())
         return bool(state)
 
+    def progress(self) -> str:
+        """Where the worker is, for the watchdog's deadline error: a job never issued
+        points at the host (inside NCCL or CUDA), one issued at the device."""
+        c = self.issuer.worker.counters()
+        where = "idle" if c["at_op"] == "-" else \
+            f"inside {c['at_op']} (instruction {c['at_instruction']} of job {c['at_job']})"
+        return (f"native issuer: this call is job {self.seq}; submitted {c['submitted']}, "
+                f"issued {c['issued']}, finished on the device {c['flag']}; worker {where}")
+
 
 class NativeIssuer:
     """One Communicator's worker thread and its traced programs."""

@@ -220,7 +220,7 @@ class Watchdog:
                 and time.monotonic() - head.oldest_since > self.timeout_s:
             return self._error(head, f"no progress within the deadline of {self.timeout_s:g} s "
                                      "(RINGREDUCE_TIMEOUT); a peer died, hangs, or never "
-                                     "made this call")
+                                     f"made this call{_progress(head)}")
         return None
 
     def _expired_issue(self) -> RingReduceError | None:
@@ -265,6 +265,14 @@ class Watchdog:
             self._failure = error
             self._ops.clear()
             self._cond.notify_all()
+
+
+def _progress(op: _Op) -> str:
+    """What the head's completion says about where it is (the native issuer's worker
+    position), when it can say it."""
+    stage = op.stages[min(op.done, len(op.stages) - 1)] if op.stages else None
+    progress = getattr(stage[1], "progress", None) if stage else None
+    return f" ({progress()})" if progress is not None else ""
 
 
 def _advance(op: _Op) -> None:

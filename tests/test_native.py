@@ -108,9 +108,13 @@ def test_the_worker_issues_in_order_without_the_caller_waiting() -> None:
     assert seqs == list(range(1, 11))
     assert submitted < 0.05, f"submit blocked the caller for {submitted:.3f} s"
     assert issuer.state(10) == 0  # 100 ms of queued work is not done yet
+    busy = issuer.counters()  # where the worker is: what a deadline error reports
+    assert busy["at_op"] == "nop" and 1 <= busy["at_job"] <= 10, busy
+    assert 0 <= busy["at_instruction"] < 5 and busy["issued"] < 10, busy
     assert issuer.drain(30.0)
     assert [issuer.state(s) for s in seqs] == [1] * 10
-    assert issuer.counters()["issued"] == 10 and issuer.error() is None
+    idle = issuer.counters()
+    assert idle["issued"] == 10 and idle["at_op"] == "-" and issuer.error() is None, idle
     issuer.close()
 
 

@@ -104,6 +104,22 @@ def test_timeout_names_the_first_unfinished_stage() -> None:
     wd.stop()
 
 
+class Located(Flag):
+    """A completion that can say where its work is (as native.Completion does)."""
+
+    def progress(self) -> str:
+        return "worker inside group_end (instruction 7 of job 3)"
+
+
+def test_timeout_says_where_a_completion_that_knows_is_stuck() -> None:
+    wd, failures, _ = _watchdog(timeout_s=0.2)
+    wd.watch(3, "tensor of 8 x torch.float32", [("collect", Located(), [0, 1])])
+    assert failures.called.wait(3.0)
+    assert str(failures.errors[0]).endswith(
+        "never made this call (worker inside group_end (instruction 7 of job 3))")
+    wd.stop()
+
+
 def test_async_error_fails_at_once_naming_the_oldest_operation() -> None:
     wd, failures, errors = _watchdog(timeout_s=60.0)
     wd.watch(3, "tensor of 10 x torch.float32", _stages(False, False, False)[0])

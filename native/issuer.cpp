@@ -13,12 +13,13 @@
 //
 // Ordering: the caller records a per-call entry event (a ring, so a later call never
 // re-records one the worker has not waited on yet) on its stream and queues the job. The
-// program's last instruction writes seq into the flag (mapped pinned memory, so the host
-// reads completion too) on the flag stream, the stream of the last stage. Once the job is
-// issued (wait_issued), the stream that must follow the result waits for the flag on the
-// device (stream_wait: cuStreamWaitValue32), never before (see stream_wait). On a failure
-// the worker stores the first error and still writes every job's flag, in order on that
-// same stream, so no stream waits forever and the flag never goes backwards.
+// program's last instruction, on the flag stream (the stream of the last stage), writes
+// seq into the flag (mapped pinned memory: the host reads completion there) and records
+// the job's done event (a ring too). Once the job is issued (wait_issued), the stream
+// that must follow the result waits for that event (stream_wait), never before (see
+// stream_wait). On a failure the worker stores the first error and still writes every
+// job's flag and done event, in order on that same stream, so no stream waits forever
+// and the flag never goes backwards.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -59,7 +60,6 @@ struct Cuda {
                              unsigned, unsigned, CUstream, void**, void**);
     CUresult (*memcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
     CUresult (*writeValue32)(CUstream, CUdeviceptr, uint32_t, unsigned);
-    CUresult (*waitValue32)(CUstream, CUdeviceptr, uint32_t, unsigned);
     CUresult (*memHostAlloc)(void**, size_t, unsigned);
     CUresult (*memHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
     CUresult (*memFreeHost)(void*);
@@ -78,9 +78,8 @@ struct Nccl {
 };
 
 constexpr unsigned kEventDisableTiming = 0x2;      // CU_EVENT_DISABLE_TIMING
-constexpr unsigned kWaitGeq = 0x0;                 // CU_STREAM_WAIT_VALUE_GEQ (cyclic)
 constexpr unsigned kHostAllocFlags = 0x1 | 0x2;    // PORTABLE | DEVICEMAP
-constexpr int kEntryRing = 256;                    // entry events in flight per issuer
+constexpr int kEntryRing = 256;                    // entry and done events per issuer
 constexpr int kMaxKernelArgs = 16;
 
 // ---- The instruction set (ringreduce/native.py packs the same layout) --------------
@@ -253,6 +252,7 @@ struct State {
     volatile uint32_t* flag = nullptr;  // mapped pinned memory
     CUdeviceptr flag_dev = 0;
     std::vector<CUevent> entries;
+    std::vector<CUevent> dones;  // job seq's end on the flag stream: dones[seq % kEntryRing]
 
     std::mutex mu;
     std::condition_variable cv;       // worker: new job or closing
@@ -309,7 +309,6 @@ std::string open_cuda(State& s, const char* libcuda, const char* libnccl) {
     SYM(cu, c.launchKernel, "cuLaunchKernel");
     SYM(cu, c.memcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
     SYM(cu, c.writeValue32, "cuStreamWriteValue32_v2", "cuStreamWriteValue32");
-    SYM(cu, c.waitValue32, "cuStreamWaitValue32_v2", "cuStreamWaitValue32");
     SYM(cu, c.memHostAlloc, "cuMemHostAlloc");
     SYM(cu, c.memHostGetDevicePointer, "cuMemHostGetDevicePointer_v2");
     SYM(cu, c.memFreeHost, "cuMemFreeHost");
@@ -402,7 +401,9 @@ std::string execute(State& s, const Job& job, const Instr& in, const Program& p)
         return cr ? cu_error(s, cr, "cuMemcpyDtoDAsync") : "";
     case WRITE_FLAG:
         cr = s.cuda.writeValue32(s.flag_stream, s.flag_dev, job.seq, 0);
-        return cr ? cu_error(s, cr, "cuStreamWriteValue32") : "";
+        if (cr) return cu_error(s, cr, "cuStreamWriteValue32");
+        cr = s.cuda.eventRecord(s.dones[job.seq % kEntryRing], s.flag_stream);
+        return cr ? cu_error(s, cr, "cuEventRecord (done)") : "";
     }
     return "unknown op";
 }
@@ -410,8 +411,10 @@ std::string execute(State& s, const Job& job, const Instr& in, const Program& p)
 void write_flag_after_failure(State& s, uint32_t seq) {
     if (!s.has_cuda) return;
     // On the flag stream, in order, so the flag never goes backwards; after an abort the
-    // stream drains (NCCL's kernels exit) and the write lands.
+    // stream drains (NCCL's kernels exit) and the write lands; the done event with it,
+    // so a stream told to follow this job is released too.
     s.cuda.writeValue32(s.flag_stream, s.flag_dev, seq, 0);
+    s.cuda.eventRecord(s.dones[seq % kEntryRing], s.flag_stream);
 }
 
 void run_job(State& s, const Job& job) {
@@ -526,6 +529,7 @@ void issuer_dealloc(Issuer* self) {
         State& s = *self->s;
         if (s.has_cuda) {
             for (CUevent e : s.entries) s.cuda.eventDestroy(e);
+            for (CUevent e : s.dones) s.cuda.eventDestroy(e);
             if (s.flag) s.cuda.memFreeHost(const_cast<uint32_t*>(s.flag));
         }
         delete self->s;
@@ -565,13 +569,14 @@ int issuer_init(Issuer* self, PyObject* a, PyObject* kw) {
             if ((r = s->cuda.memHostGetDevicePointer(&s->flag_dev, host, 0)))
                 err = cu_error(*s, r, "cuMemHostGetDevicePointer");
         }
-        for (int i = 0; err.empty() && i < kEntryRing; ++i) {
+        for (int i = 0; err.empty() && i < 2 * kEntryRing; ++i) {
             CUevent e = nullptr;
             if ((r = s->cuda.eventCreate(&e, kEventDisableTiming))) err = cu_error(*s, r, "cuEventCreate");
-            else s->entries.push_back(e);
+            else (i % 2 ? s->dones : s->entries).push_back(e);
         }
         if (!err.empty()) {
             for (CUevent e : s->entries) s->cuda.eventDestroy(e);
+            for (CUevent e : s->dones) s->cuda.eventDestroy(e);
             if (s->flag) s->cuda.memFreeHost(const_cast<uint32_t*>(s->flag));
             PyErr_SetString(PyExc_RuntimeError, ("ringreduce native issuer: " + err).c_str());
             return -1;
@@ -614,7 +619,12 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
         s.cuda.ctxGetCurrent(&current);
         if (current != s.ctx) s.cuda.ctxSetCurrent(s.ctx);  // e.g. a fresh autograd thread
         entry = s.entries[seq % kEntryRing];
-        CUresult r = s.cuda.eventRecord(entry, reinterpret_cast<CUstream>(entry_stream));
+        CUresult r;
+        // Without the GIL: a launch queue full behind a stuck device blocks this call,
+        // and the watchdog (a Python thread) must still run to end it.
+        Py_BEGIN_ALLOW_THREADS
+        r = s.cuda.eventRecord(entry, reinterpret_cast<CUstream>(entry_stream));
+        Py_END_ALLOW_THREADS
         if (r) {
             PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "cuEventRecord (entry)").c_str());
             return nullptr;
@@ -643,11 +653,18 @@ PyObject* issuer_wait_issued(Issuer* self, PyObject* args) {
     return PyBool_FromLong(ok);
 }
 
-// stream_wait(stream, seq): stream waits (on the device) until job seq's flag is written.
-// Only for issued jobs: a stream never waits on a write that is not enqueued yet, because
-// a context-wide synchronisation (CUDA loading a kernel lazily, a free), in any thread,
-// would then wait for that stream, and so for the worker, which may itself be the one
-// synchronising: a deadlock (seen on H200 before this rule).
+// stream_wait(stream, seq): stream waits (on the device) until job seq has finished: an
+// event wait on its done event, recorded on the flag stream after the job's last work.
+// Only for issued jobs (the event is recorded then): a stream never waits on work that
+// is not enqueued yet, because a context-wide synchronisation (CUDA loading a kernel
+// lazily, a free), in any thread, would then wait for that stream, and so for the
+// worker, which may itself be the one synchronising (a deadlock, seen on H200 before
+// this rule). An event, not cuStreamWaitValue32 on the mapped flag: with device-side
+// waits on the flag, calls with futures in flight hung on H200 under MPS (2026-11-23,
+// the job issued on every rank, the flag short); event waits are what the Python
+// issuer's streams have always used. A job more than kEntryRing behind the newest
+// issued one has had its event recorded again by a later job on the same in-order
+// stream: the wait then lasts until that later job, longer but never too short.
 PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
     unsigned long long stream;
     unsigned long seq_arg;
@@ -662,9 +679,12 @@ PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
     CUcontext current = nullptr;
     s.cuda.ctxGetCurrent(&current);
     if (current != s.ctx) s.cuda.ctxSetCurrent(s.ctx);
-    CUresult r = s.cuda.waitValue32(reinterpret_cast<CUstream>(stream), s.flag_dev, seq, kWaitGeq);
+    CUresult r;
+    Py_BEGIN_ALLOW_THREADS  // as in submit: a full launch queue may block here
+    r = s.cuda.streamWaitEvent(reinterpret_cast<CUstream>(stream), s.dones[seq % kEntryRing], 0);
+    Py_END_ALLOW_THREADS
     if (r) {
-        PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "cuStreamWaitValue32").c_str());
+        PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "cuStreamWaitEvent (done)").c_str());
         return nullptr;
     }
     Py_RETURN_NONE;
@@ -722,11 +742,11 @@ PyObject* issuer_stop(Issuer* self, PyObject* args) {
     return PyBool_FromLong(out);
 }
 
-// release(): after a failure, let every stream that waits on a submitted job go now
-// (a host store into the mapped flag). A stream blocked on a flag the worker never got
-// to write can hold up a context-wide synchronisation inside the worker (lazy module
-// loading, a free) and so the worker itself; this breaks that cycle. The worker still
-// writes each job's flag in order afterwards, so the flag ends at the last job.
+// release(): after a failure, the flag (what the host and the watchdog read) jumps to
+// the last submitted job: the watchdog stops polling jobs that will never run. Streams
+// only ever wait for issued jobs' done events, which the flag stream reaches once the
+// aborted kernels exit. The worker still writes each job's flag in order afterwards, so
+// the flag ends at the last job.
 PyObject* issuer_release(Issuer* self, PyObject*) {
     State& s = *self->s;
     if (s.has_cuda) *s.flag = s.submitted;
@@ -759,7 +779,7 @@ PyMethodDef issuer_methods[] = {
     {"wait_issued", reinterpret_cast<PyCFunction>(issuer_wait_issued), METH_VARARGS,
      "wait_issued(seq, timeout_s=-1) -> bool: job seq was issued (or failed)"},
     {"stream_wait", reinterpret_cast<PyCFunction>(issuer_stream_wait), METH_VARARGS,
-     "stream_wait(stream, seq): the stream waits for an issued job's flag"},
+     "stream_wait(stream, seq): the stream waits for an issued job's done event"},
     {"state", reinterpret_cast<PyCFunction>(issuer_state), METH_O,
      "state(seq): 1 finished, 0 pending, -1 failed"},
     {"error", reinterpret_cast<PyCFunction>(issuer_error), METH_NOARGS,
@@ -769,7 +789,7 @@ PyMethodDef issuer_methods[] = {
     {"stop", reinterpret_cast<PyCFunction>(issuer_stop), METH_VARARGS,
      "stop(timeout_s=2): issue nothing more; True once the worker is outside CUDA/NCCL"},
     {"release", reinterpret_cast<PyCFunction>(issuer_release), METH_NOARGS,
-     "after a failure: every stream waiting on a submitted job's flag may go"},
+     "after a failure: the host-visible flag jumps to the last submitted job"},
     {"close", reinterpret_cast<PyCFunction>(issuer_close), METH_NOARGS,
      "issue what is queued, then end the worker thread"},
     {"counters", reinterpret_cast<PyCFunction>(issuer_counters), METH_NOARGS,

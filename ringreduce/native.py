@@ -14,9 +14,10 @@ validated ``_native.Program`` (native/issuer.cpp): pointers inside the caller's 
 are stored relative to its start, staging and padding pointers absolutely. A call then
 costs the caller a dictionary lookup and one ``Issuer.submit``: record the entry event
 on its stream and queue (program, data_ptr, seq) for the worker, whose last instruction
-writes ``seq`` into the completion flag. A stream that must follow the result waits for
-the flag on the device, but only once the worker has issued the job: a stream waiting on
-a write nobody has enqueued yet deadlocked the first GPU run (a context-wide
+writes ``seq`` into the completion flag (host memory: the watchdog reads it) and records
+the job's done event. A stream that must follow the result waits for that event, but
+only once the worker has issued the job: a stream waiting on work nobody has enqueued
+yet deadlocked the first GPU run (a context-wide
 synchronisation, e.g. CUDA loading a kernel lazily, waits for that stream, and the
 worker was the thread synchronising). Synchronous calls: the host waits until the job
 is issued (not for the device), then the caller's stream waits. Asynchronous calls
@@ -351,7 +352,7 @@ class NativeIssuer:
 
     def _complete(self) -> None:
         """The completer thread: completes each async call's Future once the worker has
-        issued it, on the done stream after a device wait for its flag, so ``wait()``
+        issued it, on the done stream after a device wait for its done event, so ``wait()``
         orders the caller's stream after the result. Futures of calls the worker failed
         or never issued (a failure, close) get the RingReduceError."""
         torch.cuda.set_device(self.res.device)

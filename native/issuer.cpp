@@ -640,6 +640,61 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
     return PyLong_FromUnsignedLong(seq);
 }
 
+// run(program, base, entry_stream) -> seq: the job issued here, on the calling thread,
+// without the GIL, before returning (the "native" issuer; submit is "native-async").
+// The same program and the same order as the Python issuer, only without ~100 Python
+// calls: no other thread issues CUDA or NCCL work for this communicator, so nothing
+// can interleave with a half-issued job (the worker thread could, and hung on H200
+// under MPS, benchmarks/results/2026-11-23-h200-native). Refused while jobs are queued.
+PyObject* issuer_run(Issuer* self, PyObject* args) {
+    PyObject* program;
+    unsigned long long base, entry_stream;
+    if (!PyArg_ParseTuple(args, "O!KK", &ProgramType, &program, &base, &entry_stream))
+        return nullptr;
+    State& s = *self->s;
+    const Program* p = reinterpret_cast<Program*>(program);
+    if (p->needs_cuda && !s.has_cuda) {
+        PyErr_SetString(PyExc_ValueError, "this program issues CUDA work; the Issuer was "
+                                          "made without libcuda/libnccl");
+        return nullptr;
+    }
+    uint32_t seq;
+    {
+        std::lock_guard<std::mutex> lock(s.mu);
+        if (s.closing || s.submitted != s.issued.load()) {
+            PyErr_SetString(PyExc_RuntimeError, s.closing ? "the native issuer is closed"
+                            : "run() while submitted jobs are queued: drain() first");
+            return nullptr;
+        }
+        seq = s.submitted + 1;
+        s.submitted = seq;  // claimed: a submit from another thread now queues behind it
+    }
+    CUevent entry = nullptr;
+    CUresult r = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (s.has_cuda) {
+        CUcontext current = nullptr;
+        s.cuda.ctxGetCurrent(&current);
+        if (current != s.ctx) s.cuda.ctxSetCurrent(s.ctx);
+        entry = s.entries[seq % kEntryRing];
+        r = s.cuda.eventRecord(entry, reinterpret_cast<CUstream>(entry_stream));
+    }
+    if (!r) run_job(s, Job{program, p, base, seq, entry});
+    else {
+        std::lock_guard<std::mutex> lock(s.mu);
+        if (!s.failure.set) s.failure = {true, seq, -1, -1, cu_error(s, r, "cuEventRecord (entry)")};
+        s.failed.store(true);
+        write_flag_after_failure(s, seq);
+    }
+    Py_END_ALLOW_THREADS
+    {
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.issued.store(seq);
+    }
+    s.idle_cv.notify_all();
+    return PyLong_FromUnsignedLong(seq);
+}
+
 // wait_issued(seq, timeout_s=-1) -> bool: the worker has issued job seq (its flag write
 // is enqueued), or it failed; GIL released while waiting.
 PyObject* issuer_wait_issued(Issuer* self, PyObject* args) {
@@ -776,6 +831,8 @@ PyObject* issuer_counters(Issuer* self, PyObject*) {
 PyMethodDef issuer_methods[] = {
     {"submit", reinterpret_cast<PyCFunction>(issuer_submit), METH_VARARGS,
      "submit(program, base, entry_stream) -> seq"},
+    {"run", reinterpret_cast<PyCFunction>(issuer_run), METH_VARARGS,
+     "run(program, base, entry_stream) -> seq: issue the job on this thread, now"},
     {"wait_issued", reinterpret_cast<PyCFunction>(issuer_wait_issued), METH_VARARGS,
      "wait_issued(seq, timeout_s=-1) -> bool: job seq was issued (or failed)"},
     {"stream_wait", reinterpret_cast<PyCFunction>(issuer_stream_wait), METH_VARARGS,

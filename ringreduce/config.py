@@ -53,7 +53,7 @@ _ENV = {
 }
 
 #: Who issues a CUDA call's hierarchical work (Config.issuer).
-ISSUERS = ("native", "python")
+ISSUERS = ("native", "native-async", "python")
 
 #: 16-bit formats float32 tensors may take on the network hop (collect, diffuse).
 WIRE_DTYPES = ("bfloat16", "float16")
@@ -139,15 +139,16 @@ class Config:
     a peer, is bounded by the watchdog, which also watches calls being issued."""
 
     issuer: str | None = None
-    """CUDA only: ``"native"`` (a C++ worker thread per Communicator replays each call's
-    recorded program without the GIL; ringreduce/native.py) or ``"python"`` (the
-    pipeline is issued from Python on the caller's thread) (``RINGREDUCE_ISSUER``).
-    ``None`` is python for now: the native issuer needs the extension, blocking
-    communicators (``nccl_blocking``) and cupy, and it becomes the default once it has
-    passed the GPU tests (its first GPU run hung, on a cause since fixed but not yet
-    re-run: benchmarks/results/2026-11-23-h200-native). Captures (the caller's
-    and ringreduce's own graphs), the flat route and the block collectives are always
-    issued from Python, on the calling thread. ``python -m ringreduce.info`` says which
+    """CUDA only: who issues a call's hierarchical work (``RINGREDUCE_ISSUER``).
+    ``"python"``: the pipeline, from Python on the caller's thread. ``"native"``: the
+    same calls recorded once per plan key and replayed from C++ on the caller's thread
+    without the GIL (ringreduce/native.py, native/issuer.cpp). ``"native-async"``
+    (experimental): replayed by a C++ worker thread while the caller returns; it hung
+    on the GPU with several calls in flight (benchmarks/results/2026-11-23-h200-native)
+    and stays opt-in until that is understood. ``None``: python. The native issuers
+    need the extension, blocking communicators (``nccl_blocking``) and cupy. Captures
+    (the caller's and ringreduce's own graphs), the flat route and the block
+    collectives are always issued from Python. ``python -m ringreduce.info`` says which
     issuer a CUDA call would use and why."""
 
     def __post_init__(self) -> None:

@@ -102,7 +102,7 @@ class Communicator:
                 f"wire={self.config.wire_dtype or 'tensor dtype'}, "
                 f"graphs={self.config.graphs if r.is_cuda else 'n/a (cpu)'}, "
                 f"nccl_blocking={int(self.config.nccl_blocking) if r.is_cuda else 'n/a (cpu)'}, "
-                f"issuer={'native' if r.native is not None else 'python'}")
+                f"issuer={r.native.mode if r.native is not None else 'python'}")
 
     def all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                    async_op: bool = False) -> torch.futures.Future[torch.Tensor] | None:
@@ -269,7 +269,7 @@ class Communicator:
         if native is not None:  # native.py; captures and graphs stay on this thread
             if not capturing and self._res.graphs is None and t.numel() \
                     and not self._route_flat(t) and native.warm(t, op):
-                record.route = "hierarchical (native)"
+                record.route = f"hierarchical ({native.mode})"
                 fut, ends, self._cursor = native.issue(t, op, async_op, self._cursor,
                                                        lambda: self._ctx(record))
                 return fut, ends

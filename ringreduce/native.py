@@ -273,7 +273,7 @@ class Completion:
 class NativeIssuer:
     """One Communicator's worker thread and its traced programs."""
 
-    def __init__(self, res: Any, wire: torch.dtype | None) -> None:
+    def __init__(self, res: Any, wire: torch.dtype | None, inline: bool = True) -> None:
         module, why = extension()
         if module is None:
             raise RingReduceError(why)
@@ -282,6 +282,10 @@ class NativeIssuer:
             raise RingReduceError("the native issuer found no libnccl mapped in this process "
                                   "(nccl4py loads it when the communicators are made)")
         self.res, self.wire = res, wire
+        self.inline = inline
+        """Issue on the caller's thread (Issuer.run, "native"), else queue for the
+        worker thread (Issuer.submit, "native-async")."""
+        self.mode = "native" if inline else "native-async"
         self.topo = res.topo
         self.stages = schedule.active_stages(self.topo.devices_per_machine)
         last = self.stages[-1]
@@ -330,6 +334,9 @@ class NativeIssuer:
             entry = self._programs[key] = self._trace(t, op, cursor, make_ctx())
         program, after = entry
         caller = self._raw_stream(self._index)
+        if self.inline:
+            fut, seq = self._run(program, t, async_op, caller)
+            return fut, [(stage, Completion(self, seq)) for stage in self.stages], after
         seq = self.worker.submit(program, base, caller)
         done = Completion(self, seq)
         ends = [(stage, done) for stage in self.stages]
@@ -344,6 +351,25 @@ class NativeIssuer:
         t.record_stream(self.done)  # the done stream is the tensor's last user here
         self._completer.put((seq, fut, t))
         return fut, ends, after
+
+    def _run(self, program: Any, t: torch.Tensor, async_op: bool,
+             caller: int) -> tuple[Any, int]:
+        """Issue on this thread ("native"); (the Future or None, as the Python issuer
+        returns it, and the job's seq). The caller's stream, or the done stream the
+        Future records on, waits for the job's done event."""
+        seq = self.worker.run(program, t.data_ptr(), caller)
+        error = self.worker.error()
+        if error is not None and error[0] <= seq:  # NCCL refused it: raise as Python does
+            raise RingReduceError(self.failure_text())
+        if not async_op:
+            self.worker.stream_wait(caller, seq)
+            return None, seq
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
+        t.record_stream(self.done)  # the done stream is the tensor's last user here
+        self.worker.stream_wait(self._done_handle, seq)
+        with torch.cuda.stream(self.done):  # the Future records its event after the wait
+            fut.set_result(t)
+        return fut, seq
 
     def _wait_issued(self, seq: int) -> None:
         while not self.worker.wait_issued(seq, _DRAIN_POLL_S):

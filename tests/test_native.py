@@ -119,6 +119,26 @@ def test_the_worker_issues_in_order_without_the_caller_waiting() -> None:
 
 
 @built
+def test_run_issues_on_the_calling_thread_before_it_returns() -> None:
+    """The "native" issuer: Issuer.run replays the job here, not on the worker."""
+    issuer = _native.Issuer()
+    slow = _native.Program(_instr("nop", NOP_US), b"", 0)  # 2 ms
+    started = time.perf_counter()
+    seq = issuer.run(slow, 0, 0)
+    took = time.perf_counter() - started
+    assert seq == 1 and took >= NOP_US / 1e6, f"run returned after {took:.4f} s"
+    assert issuer.state(1) == 1 and issuer.counters()["issued"] == 1
+    assert issuer.run(slow, 0, 0) == 2  # one sequence with submitted jobs
+    issuer.submit(_native.Program(_instr("nop", 200 * NOP_US), b"", 0), 0, 0)
+    with pytest.raises(RuntimeError, match="while submitted jobs are queued: drain"):
+        issuer.run(slow, 0, 0)  # it would overtake the queue
+    assert issuer.drain(30.0) and issuer.run(slow, 0, 0) == 4
+    bad = _native.Program(_instr("fail", stage=1), b"", 0)
+    assert issuer.run(bad, 0, 0) == 5 and issuer.error()[:3] == (5, 1, 0)
+    issuer.close()
+
+
+@built
 def test_a_failure_is_kept_with_its_job_stage_and_instruction_and_poisons_later_jobs() -> None:
     issuer = _native.Issuer()
     ok = _native.Program(_instr("nop"), b"", 0)
@@ -161,6 +181,7 @@ def test_drain_times_out_instead_of_hanging() -> None:
 def test_the_issuer_setting_is_validated_and_reported() -> None:
     with pytest.raises(ValueError, match="issuer='fast' is not supported"):
         Config(issuer="fast")
+    assert Config(issuer="native-async").issuer == "native-async"
     assert Config.from_env(issuer="python").issuer == "python"
     report = "\n".join(info.lines(Config(issuer="python")))
     assert "issuer for a CUDA call: python (issuer='python'" in report

@@ -145,8 +145,10 @@ class Config:
     without the GIL (ringreduce/native.py, native/issuer.cpp). ``"native-async"``
     (experimental): replayed by a C++ worker thread while the caller returns; it hung
     on the GPU with several calls in flight (benchmarks/results/2026-11-23-h200-native)
-    and stays opt-in until that is understood. ``None``: python. The native issuers
-    need the extension, blocking communicators (``nccl_blocking``) and cupy. Captures
+    and stays opt-in until that is understood. ``None``: native where it can run (the
+    extension is built, communicators are blocking (``nccl_blocking``), cupy imports),
+    else python, with the reason logged once; an explicit native that cannot run is
+    an error. Captures
     (the caller's and ringreduce's own graphs), the flat route and the block
     collectives are always issued from Python. ``python -m ringreduce.info`` says which
     issuer a CUDA call would use and why."""

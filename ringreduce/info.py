@@ -72,7 +72,8 @@ def lines(config: Config | None = None) -> list[str]:
         out.append("torch.distributed: not initialised (topology is detected per "
                    "Communicator from NCCL_HOSTID or host name and boot id)")
     why = native.why_not(config, True, config.nccl_blocking, kernels.available())
-    out.append(f"issuer for a CUDA call: {config.issuer if not why else 'python (' + why + ')'}")
+    chosen = config.issuer or "native"
+    out.append(f"issuer for a CUDA call: {chosen if not why else 'python (' + why + ')'}")
     return out
 
 

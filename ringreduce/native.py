@@ -108,8 +108,6 @@ def why_not(config: Any, is_cuda: bool, blocking: bool, has_kernels: bool) -> st
         return "CPU path (gloo): the Python issuer runs the plan"
     if config.issuer == "python":
         return "issuer='python' (RINGREDUCE_ISSUER)"
-    if config.issuer is None:
-        return "the default until the native issuer passed its GPU tests (RINGREDUCE_ISSUER=native)"
     module, why = extension()
     if module is None:
         return why

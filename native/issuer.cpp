@@ -589,20 +589,29 @@ int issuer_init(Issuer* self, PyObject* a, PyObject* kw) {
     return 0;
 }
 
-// submit(program, base, entry_stream) -> seq. Records the job's entry event on
-// entry_stream (0 is the legacy default stream, a real one) and queues the job.
-PyObject* issuer_submit(Issuer* self, PyObject* args) {
-    PyObject* program;
-    unsigned long long base, entry_stream;
-    if (!PyArg_ParseTuple(args, "O!KK", &ProgramType, &program, &base, &entry_stream))
+// The arguments of submit and run: (program, base, entry_stream); the Program, or
+// nullptr with the Python error set.
+const Program* job_args(const State& s, PyObject* args, PyObject** program,
+                        unsigned long long* base, unsigned long long* entry_stream) {
+    if (!PyArg_ParseTuple(args, "O!KK", &ProgramType, program, base, entry_stream))
         return nullptr;
-    State& s = *self->s;
-    const Program* p = reinterpret_cast<Program*>(program);
+    const Program* p = reinterpret_cast<Program*>(*program);
     if (p->needs_cuda && !s.has_cuda) {
         PyErr_SetString(PyExc_ValueError, "this program issues CUDA work; the Issuer was "
                                           "made without libcuda/libnccl");
         return nullptr;
     }
+    return p;
+}
+
+// submit(program, base, entry_stream) -> seq. Records the job's entry event on
+// entry_stream (0 is the legacy default stream, a real one) and queues the job.
+PyObject* issuer_submit(Issuer* self, PyObject* args) {
+    PyObject* program;
+    unsigned long long base, entry_stream;
+    const Program* p = job_args(*self->s, args, &program, &base, &entry_stream);
+    if (!p) return nullptr;
+    State& s = *self->s;
     if (s.closing) {
         PyErr_SetString(PyExc_RuntimeError, "the native issuer is closed");
         return nullptr;
@@ -649,15 +658,9 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
 PyObject* issuer_run(Issuer* self, PyObject* args) {
     PyObject* program;
     unsigned long long base, entry_stream;
-    if (!PyArg_ParseTuple(args, "O!KK", &ProgramType, &program, &base, &entry_stream))
-        return nullptr;
+    const Program* p = job_args(*self->s, args, &program, &base, &entry_stream);
+    if (!p) return nullptr;
     State& s = *self->s;
-    const Program* p = reinterpret_cast<Program*>(program);
-    if (p->needs_cuda && !s.has_cuda) {
-        PyErr_SetString(PyExc_ValueError, "this program issues CUDA work; the Issuer was "
-                                          "made without libcuda/libnccl");
-        return nullptr;
-    }
     uint32_t seq;
     {
         std::lock_guard<std::mutex> lock(s.mu);

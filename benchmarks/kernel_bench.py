@@ -11,8 +11,8 @@ import statistics
 
 import torch
 
-from ringreduce import add as reference
-from ringreduce.kernels import Kernels
+from ringreduce.execution import add as reference
+from ringreduce.execution.kernels import Kernels
 
 
 def timed(fn, reps: int = 20) -> float:  # type: ignore[no-untyped-def]

@@ -2,7 +2,7 @@
 
 Sweeps blocks per SM x threads per block, and for bf16 the bit-operation rounding
 against PTX ``cvt.rn.bf16.f32``, with rows of 256 MiB, each checked exact once, against
-a device copy in the same run. ringreduce.kernels picks its launch shape from this.
+a device copy in the same run. ringreduce.execution.kernels picks its launch shape from this.
 One GPU: ``python3 benchmarks/kernel_occupancy.py``."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]  # ringreduce, and kernel_bench beside this file
 from kernel_bench import timed  # noqa: E402
 
-from ringreduce.kernels import source_dir  # noqa: E402
+from ringreduce.execution.kernels import source_dir  # noqa: E402
 
 SRC = (source_dir() / "numeric.cuh").read_text() + (source_dir() / "add.cu").read_text()
 OLD = """    unsigned u = __float_as_uint(f);

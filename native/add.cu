@@ -5,7 +5,7 @@
 // 16-bit floats accumulate in fp32 and round once; AVG divides the exact sum by N at
 // the end (integer AVG truncates toward zero, like C++ division and NCCL).
 //
-// Compiled at run time by NVRTC through cupy.RawModule (ringreduce/kernels.py), after
+// Compiled at run time by NVRTC through cupy.RawModule (ringreduce/execution/kernels.py), after
 // native/numeric.cuh (element types, conversions, Pack).
 //
 // Template parameters: T element type, A accumulator type, OP (0 sum, 1 avg, 2 max,

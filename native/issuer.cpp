@@ -1,8 +1,8 @@
 // ringreduce._native: replays a recorded call program from a worker thread, no GIL.
 //
-// The Python issuer (ringreduce/pipeline.py) walks a call's plan and makes ~100 CUDA and
+// The Python issuer (ringreduce/execution/pipeline.py) walks a call's plan and makes ~100 CUDA and
 // NCCL calls from Python: about 1.2 ms of the caller's host time per 25 MiB call. Here
-// the same sequence, recorded once per plan key (ringreduce/native.py), is a flat array
+// the same sequence, recorded once per plan key (ringreduce/execution/native.py), is a flat array
 // of instructions that one thread per Communicator issues while the caller returns.
 //
 // No torch, no CUDA or NCCL headers: the few prototypes used are declared below, and
@@ -82,7 +82,7 @@ constexpr unsigned kHostAllocFlags = 0x1 | 0x2;    // PORTABLE | DEVICEMAP
 constexpr int kEntryRing = 256;                    // entry and done events per issuer
 constexpr int kMaxKernelArgs = 16;
 
-// ---- The instruction set (ringreduce/native.py packs the same layout) --------------
+// ---- The instruction set (ringreduce/execution/native.py packs the same layout) --------------
 // Each instruction is 9 little-endian int64: op, stage, reloc, a0..a5. Bit i of reloc
 // set: a_i is an offset into the caller's tensor (added to the job's base pointer).
 enum Op : int64_t {

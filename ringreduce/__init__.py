@@ -5,13 +5,13 @@ Nothing here touches CUDA at import time.
 
 from __future__ import annotations
 
-from . import backend as _backend
-from .api import all_reduce, release_cached
-from .config import Config
-from .engine import Communicator
-from .errors import RingReduceError
-from .hook import ddp_hook
-from .topology import Topology
+from ringreduce.config import Config
+from ringreduce.engine import Communicator
+from ringreduce.errors import RingReduceError
+from ringreduce.integrations import backend as _backend
+from ringreduce.integrations.api import all_reduce, release_cached
+from ringreduce.integrations.hook import ddp_hook
+from ringreduce.plan.topology import Topology
 
 _backend.register()  # torch.distributed backend "ringreduce"; touches no GPU
 

@@ -142,7 +142,7 @@ class Config:
     """CUDA only: who issues a call's hierarchical work (``RINGREDUCE_ISSUER``).
     ``"python"``: the pipeline, from Python on the caller's thread. ``"native"``: the
     same calls recorded once per plan key and replayed from C++ on the caller's thread
-    without the GIL (ringreduce/native.py, native/issuer.cpp). ``"native-async"``
+    without the GIL (ringreduce/execution/native.py, native/issuer.cpp). ``"native-async"``
     (experimental): replayed by a C++ worker thread while the caller returns; it hung
     on the GPU with several calls in flight (benchmarks/results/2026-11-23-h200-native)
     and stays opt-in until that is understood. ``None``: native where it can run (the

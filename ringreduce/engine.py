@@ -21,13 +21,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import checks, collectives, schedule
-from .config import Config
-from .errors import RingReduceError
-from .flight import Record
-from .pipeline import FLAT, flat_here, run_flat, run_steps
-from .resources import Resources, build_resources, group_store
-from .topology import Topology
+from ringreduce.config import Config
+from ringreduce.errors import RingReduceError
+from ringreduce.execution import collectives
+from ringreduce.execution.pipeline import FLAT, flat_here, run_flat, run_steps
+from ringreduce.execution.resources import Resources, build_resources, group_store
+from ringreduce.plan import schedule
+from ringreduce.plan.topology import Topology
+from ringreduce.safety import checks
+from ringreduce.safety.flight import Record
 
 log = logging.getLogger("ringreduce")
 

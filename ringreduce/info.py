@@ -18,8 +18,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from . import kernels, native
-from .config import Config, host_identity
+from ringreduce.config import Config, host_identity
+from ringreduce.execution import kernels, native
 
 
 def _version(dist_name: str) -> str:
@@ -33,7 +33,7 @@ def _nccl() -> str:
     if importlib.util.find_spec("nccl") is None:
         return "nccl4py not installed (the CUDA path needs ringreduce[cu12] or [cu13])"
     try:
-        from . import nccl
+        from ringreduce.execution import nccl
         code = nccl.version()
     except Exception as exc:  # a broken CUDA install is what this tool should report
         return f"nccl4py {_version('nccl4py')}, NCCL not loadable: {exc}"

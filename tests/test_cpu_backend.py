@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ringreduce.backend import RingReduceGroup
+from ringreduce.integrations.backend import RingReduceGroup
 
 from .cases import DTYPES, OPS, check_equal, expected, rank_input
 from .multiproc import run_ranks
@@ -162,7 +162,7 @@ def test_ddp_without_a_hook_on_the_backend_matches_gloo() -> None:
 
 
 def test_registration_is_idempotent() -> None:
-    import ringreduce.backend as backend
+    import ringreduce.integrations.backend as backend
 
     backend.register()
     backend.register()

@@ -1,6 +1,7 @@
-"""benchmarks/dlrm.py on CPU: a tiny DLRM trained on 4 gloo ranks (2 virtual machines
-x 2) with plain DDP, with ringreduce's hook and with the ringreduce backend; the loss
-curves must agree, and the command line must run end to end.
+"""The DLRM benchmark (ringreduce/benchmark/dlrm.py, run by benchmarks/dlrm.py) on CPU:
+a tiny DLRM trained on 4 gloo ranks (2 virtual machines x 2) with plain DDP, with
+ringreduce's hook and with the ringreduce backend; the loss curves must agree, and the
+command line must run end to end.
 
 Tolerance: the modes differ only in the order the 4 gradients are summed. DDP divides
 by 4 (a power of two: exact) before gloo's ring sum, and before the backend's engine
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.dlrm import Options, Spec, run_modes
+from ringreduce.benchmark.dlrm import Options, Spec, run_modes
 
 from .multiproc import run_ranks
 

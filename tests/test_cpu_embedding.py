@@ -1,4 +1,4 @@
-"""Row-sharded EmbeddingBag (benchmarks/sharded_embedding.py) over ringreduce's
+"""Row-sharded EmbeddingBag (ringreduce/benchmark/sharded_embedding.py) over ringreduce's
 reduce_scatter and all_gather, on CPU (gloo), 2 virtual machines x 2 devices.
 
 Forward output and weight gradient are compared, bit for bit, with one unsharded
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import ringreduce
-from benchmarks.sharded_embedding import RowShardedEmbeddingBag, shard_bounds
+from ringreduce.benchmark.sharded_embedding import RowShardedEmbeddingBag, shard_bounds
 
 from .cases import check_equal
 from .multiproc import run_ranks

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
-from ringreduce import layout
+from ringreduce.plan import layout
 
 from .cases import (
     OPS,
@@ -360,7 +360,7 @@ def test_gpu_back_to_back_replays_overlap_exactly() -> None:
 def _backend_worker(rank: int, world: int, machines: int) -> None:
     """The "ringreduce" backend (dist.all_reduce, DDP without a hook) and the DDP hook
     on a Communicator, both against DDP on a plain NCCL group."""
-    from ringreduce.backend import RingReduceGroup
+    from ringreduce.integrations.backend import RingReduceGroup
 
     dev = torch.device("cuda", torch.cuda.current_device())
     group = dist.group.WORLD

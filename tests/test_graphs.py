@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ringreduce.graphs import GraphCache
+from ringreduce.execution.graphs import GraphCache
 
 
 def key(i: int) -> tuple[int, int, torch.dtype, str]:

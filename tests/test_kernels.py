@@ -1,4 +1,4 @@
-"""native/ kernels against their torch references (ringreduce.add, transport.py's
+"""native/ kernels against their torch references (ringreduce.execution.add, transport.py's
 copies): the add for every dtype and op, the wire add and the wire casts for both
 16-bit formats.
 
@@ -13,8 +13,8 @@ import itertools
 import pytest
 import torch
 
-from ringreduce import add as reference
 from ringreduce.errors import RingReduceError
+from ringreduce.execution import add as reference
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,7 +26,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int
 
 @pytest.fixture(scope="module")
 def kernels():  # type: ignore[no-untyped-def]
-    from ringreduce.kernels import Kernels
+    from ringreduce.execution.kernels import Kernels
 
     return Kernels(torch.device("cuda", torch.cuda.current_device()))
 
@@ -101,7 +101,7 @@ def test_wire_casts_match_torch_copies(kernels, wire: torch.dtype) -> None:  # t
 
 
 def test_compiler_errors_carry_the_log(kernels) -> None:  # type: ignore[no-untyped-def]
-    from ringreduce.kernels import Kernels
+    from ringreduce.execution.kernels import Kernels
 
     broken = Kernels(torch.device("cuda", torch.cuda.current_device()))
     broken._sources = {**kernels._sources,

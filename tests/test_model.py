@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from ringreduce import layout, schedule
 from ringreduce.config import Config
 from ringreduce.model import PRESETS, Cluster, cli, results, simulate, validate
 from ringreduce.model.nccl_cost import link_bound_us, nccl_time_us, ring_time_us, tree_time_us
 from ringreduce.model.simulate import Options, ringreduce_time_us
+from ringreduce.plan import layout, schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20

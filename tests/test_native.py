@@ -18,11 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from ringreduce import info, kernels, layout, native, schedule, topology
+from ringreduce import info
 from ringreduce.config import Config
-from ringreduce.kernels import Kernels
-from ringreduce.pipeline import Buffers, run_steps
-from ringreduce.transport import NcclTransport
+from ringreduce.execution import kernels, native, recording
+from ringreduce.execution.kernels import Kernels
+from ringreduce.execution.pipeline import Buffers, run_steps
+from ringreduce.execution.transport import NcclTransport
+from ringreduce.plan import layout, schedule, topology
 
 _native, WHY = native.extension()
 built = pytest.mark.skipif(_native is None, reason=f"no extension: {WHY}")
@@ -49,7 +51,7 @@ def _instr(op: str, *a: int, stage: int = 0, reloc: int = 0) -> bytes:
 
 @built
 def test_recorder_makes_tensor_pointers_relative_and_the_program_validates() -> None:
-    rec = native.Recorder(base=1 << 40, extent=4096, stages=("collect", "add", "diffuse"))
+    rec = recording.Recorder(base=1 << 40, extent=4096, stages=("collect", "add", "diffuse"))
     rec.emit("send", 7, (1 << 40) + 64, 16, 0, 1, 99, pointers=(1,))  # inside: relative
     rec.emit("recv", 7, 5 << 40, 16, 0, 1, 99, pointers=(1,))  # staging: absolute
     program = rec.program()
@@ -223,7 +225,7 @@ class _Compiled(dict):
         return _Function()
 
 
-def _real_kernels(rec: native.Recorder) -> Kernels:
+def _real_kernels(rec: recording.Recorder) -> Kernels:
     k = Kernels.__new__(Kernels)  # no cupy, no GPU: nothing here compiles or launches
     k._functions, k._sms, k.emit = _Compiled(), 132, rec
     return k
@@ -245,7 +247,7 @@ def _communicator_parts(rank: int, machines: int = 2,
 
 def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
            wire: torch.dtype | None = None, real_kernels: bool = False,
-           ) -> tuple[native.Recorder, Any, Any, torch.Tensor]:
+           ) -> tuple[recording.Recorder, Any, Any, torch.Tensor]:
     """Trace one float32 call as NativeIssuer._trace does, with CPU tensors."""
     topo, buffers, real, slots = _communicator_parts(rank, machines, devices)
     t = torch.arange(numel, dtype=torch.float32)
@@ -253,7 +255,7 @@ def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
     plans, steps, _ = schedule.plan_call(numel, 4, devices, machines, SLICE, slots,
                                          schedule.Cursor(), reader)
     stages = schedule.active_stages(devices)
-    rec = native.Recorder(t.data_ptr(), numel * 4, stages)
+    rec = recording.Recorder(t.data_ptr(), numel * 4, stages)
     if real_kernels:
         kernels: Any = _real_kernels(rec)
     else:
@@ -261,10 +263,10 @@ def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
         kernels.emit = rec
     comms = {s: SimpleNamespace(_comm=7 + i) for i, s in enumerate(schedule.STAGES)}
     ctx = SimpleNamespace(topo=topo, buffers=buffers, kernels=kernels, wire=wire, record=None,
-                          op_number=1, sync=native.RecordedStreams(real, rec),
+                          op_number=1, sync=recording.RecordedStreams(real, rec),
                           transport=NcclTransport(topo, comms, 1.0, True,
                                                   kernels if real_kernels else None,
-                                                  calls=native.RecordedNccl(rec)))
+                                                  calls=recording.RecordedNccl(rec)))
     run_steps(steps, t, plans, "sum", ctx)
     rec.emit("write_flag")
     return rec, plans, steps, t

@@ -1,4 +1,4 @@
-"""GPU tests of the native issuer (ringreduce/native.py, native/issuer.cpp): exact
+"""GPU tests of the native issuer (ringreduce/execution/native.py, native/issuer.cpp): exact
 against the Python issuer and NCCL on the sweep (dtypes, ops, padding, wire format),
 asynchronous futures, and a killed peer still a RingReduceError within the deadline.
 
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 import ringreduce
-from ringreduce import native
+from ringreduce.execution import native
 
 from . import faults
 from .cases import check_equal, expected, interleaved, rank_input, sizes_for, sweep

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from ringreduce import layout, schedule, topology
 from ringreduce.config import Config
+from ringreduce.plan import layout, schedule, topology
 
 GEOMETRIES = [(1, 2), (2, 2), (4, 1), (3, 2), (8, 4), (1, 1)]
 

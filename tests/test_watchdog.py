@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from ringreduce import nccl
 from ringreduce.errors import RingReduceError
-from ringreduce.watchdog import Issue, Watchdog
+from ringreduce.execution import nccl
+from ringreduce.safety.watchdog import Issue, Watchdog
 
 POLL = 0.01  # fast polls keep each test well under a second
 PEERS = {"collect": [0, 2], "add": [], "diffuse": [0, 2]}

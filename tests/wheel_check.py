@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import ringreduce
-from ringreduce import kernels
+from ringreduce.execution import kernels
 
 KERNEL_SOURCES = ("add.cu", "wire.cu", "numeric.cuh")
 

@@ -9,7 +9,7 @@ import re
 import torch
 import torch.distributed as dist
 
-from .launch import Launch
+from ringreduce.benchmark.launch import Launch
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG,
        "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch.testing._internal import common_distributed
 
 import ringreduce  # noqa: F401  (registers "ringreduce" in every rank before init)
-from ringreduce.backend import RingReduceGroup
+from ringreduce.integrations.backend import RingReduceGroup
 
 GROUP_BACKEND = os.environ["RR_SUITE_PG"]
 DEVICE = os.environ["RR_SUITE_DEVICE"]

@@ -24,12 +24,12 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from . import nccl
-from .topology import Topology
+from ringreduce.execution import nccl
+from ringreduce.plan.topology import Topology
 
 NcclCalls = Any
 """What NcclTransport calls NCCL through: the nccl module, or a recorder with the same
-functions (ringreduce.native.RecordedNccl) that writes them into a native program."""
+functions (ringreduce.execution.native.RecordedNccl) that writes them into a native program."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def other_machines(topo: Topology) -> list[int]:
 
 
 class WireCasts(Protocol):
-    """The wire casts of native/wire.cu (ringreduce.kernels.Kernels)."""
+    """The wire casts of native/wire.cu (ringreduce.execution.kernels.Kernels)."""
 
     def narrow_rows(self, view: torch.Tensor, packed: torch.Tensor, skip: int,
                     stream: int | None) -> None: ...

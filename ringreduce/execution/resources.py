@@ -20,16 +20,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import kernels, layout, native, nccl, schedule, topology
-from .config import Config, host_identity
-from .errors import RingReduceError
-from .flight import FlightRecorder, Record
-from .graphs import GraphCache
-from .guard import Guard
-from .pipeline import Buffers, CudaStreams, HostOrder
-from .topology import Topology
-from .transport import GlooTransport, NcclTransport
-from .watchdog import Issue, Watchdog
+from ringreduce.config import Config, host_identity
+from ringreduce.errors import RingReduceError
+from ringreduce.execution import kernels, native, nccl
+from ringreduce.execution.graphs import GraphCache
+from ringreduce.execution.pipeline import Buffers, CudaStreams, HostOrder
+from ringreduce.execution.transport import GlooTransport, NcclTransport
+from ringreduce.plan import layout, schedule, topology
+from ringreduce.plan.topology import Topology
+from ringreduce.safety.flight import FlightRecorder, Record
+from ringreduce.safety.guard import Guard
+from ringreduce.safety.watchdog import Issue, Watchdog
 
 log = logging.getLogger("ringreduce")
 _ABORT_LOCK_WAIT_S = 2.0

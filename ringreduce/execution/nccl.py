@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .errors import RingReduceError
+from ringreduce.errors import RingReduceError
 
 try:
     import nccl.core as _core

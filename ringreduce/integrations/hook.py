@@ -6,7 +6,7 @@ the evaluated annotations with ``dist.GradBucket`` and ``Future[Tensor]``."""
 import torch
 import torch.distributed as dist
 
-from .engine import Communicator
+from ringreduce.engine import Communicator
 
 
 def ddp_hook(state: Communicator, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

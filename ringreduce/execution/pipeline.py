@@ -29,14 +29,14 @@ from typing import Any
 
 import torch
 
-from . import schedule
-from .add import add, add_wire, finish_average
-from .errors import RingReduceError
-from .flight import FlightRecorder
-from .layout import SlicePlan
-from .schedule import DONE, ENTRY, Step
-from .topology import Topology
-from .transport import Part
+from ringreduce.errors import RingReduceError
+from ringreduce.execution.add import add, add_wire, finish_average
+from ringreduce.execution.transport import Part
+from ringreduce.plan import schedule
+from ringreduce.plan.layout import SlicePlan
+from ringreduce.plan.schedule import DONE, ENTRY, Step
+from ringreduce.plan.topology import Topology
+from ringreduce.safety.flight import FlightRecorder
 
 stamp = FlightRecorder.stamp
 

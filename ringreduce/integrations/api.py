@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .engine import Communicator
+from ringreduce.engine import Communicator
 
 _communicators: dict[str, Communicator] = {}
 

@@ -16,8 +16,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from .errors import RingReduceError
-from .flight import FlightRecorder, Record
+from ringreduce.errors import RingReduceError
+from ringreduce.safety.flight import FlightRecorder, Record
 
 
 class Guard:

@@ -6,7 +6,7 @@ own stage streams over torch tensors (raw pointers; no copies, no DLPack round t
 Modules are cached per (kernel, dtype, op, vector width, device architecture), in the
 ``Kernels`` object each CUDA Communicator owns (no module-level state).
 
-When cupy cannot be imported, the add stage uses torch ops instead (ringreduce.add);
+When cupy cannot be imported, the add stage uses torch ops instead (ringreduce.execution.add);
 that is logged once per Communicator, never silent.
 """
 
@@ -19,10 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import RingReduceError
+from ringreduce.errors import RingReduceError
 
-NATIVE = Path(__file__).resolve().parent.parent / "native"
-_PACKAGED = Path(__file__).resolve().parent / "native"
+NATIVE = Path(__file__).resolve().parents[2] / "native"
+"""The repository's native/ (editable installs)."""
+_PACKAGED = Path(__file__).resolve().parents[1] / "native"
+"""ringreduce/native/ inside an installed wheel (setup.py copies the sources there)."""
 
 #: torch dtype -> (C++ element type, accumulator type, numpy type of the accumulator)
 _TYPES: dict[torch.dtype, tuple[str, str, Any]] = {
@@ -73,7 +75,7 @@ class Kernels:
         self._sms = torch.cuda.get_device_properties(self._device).multi_processor_count
         self._functions: dict[tuple[str, str], Any] = {}
         self.emit: Any = None
-        """A recorder (ringreduce.native.Recorder): launches are written into a native
+        """A recorder (ringreduce.execution.native.Recorder): launches are written into a native
         program instead of run (a copy of this object records, see native.py)."""
         self._streams: dict[int, Any] = {}
         numeric = (source_dir() / "numeric.cuh").read_text()
@@ -133,7 +135,7 @@ class Kernels:
 
     def add_wire(self, own: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, op: str,
                  world_size: int, stream: int) -> None:
-        """Unpipelined meaning (ringreduce.add.add_wire): ``own`` (float32) reduced with
+        """Unpipelined meaning (ringreduce.execution.add.add_wire): ``own`` (float32) reduced with
         ``rows`` (R, k) in the wire format, rounded to it once, into ``own`` and ``out``."""
         k = own.numel()
         if k == 0:

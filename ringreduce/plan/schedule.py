@@ -16,7 +16,7 @@ import functools
 import itertools
 from dataclasses import dataclass
 
-from . import layout
+from ringreduce.plan import layout
 
 #: The stages, in pipeline order. Streams, communicators and events take their names.
 STAGES = ("reduce_scatter", "collect", "add", "diffuse", "all_gather")

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from .add import finish_average
-from .pipeline import stage_errors
+from ringreduce.execution.add import finish_average
+from ringreduce.execution.pipeline import stage_errors
 
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op: str, ctx: Any,

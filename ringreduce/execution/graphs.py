@@ -56,7 +56,7 @@ from collections.abc import Callable
 
 import torch
 
-from .errors import RingReduceError
+from ringreduce.errors import RingReduceError
 
 log = logging.getLogger("ringreduce")
 

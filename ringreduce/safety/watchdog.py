@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from .errors import RingReduceError
+from ringreduce.errors import RingReduceError
 
 log = logging.getLogger("ringreduce")
 

@@ -40,9 +40,9 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from .checks import DTYPES, OPS
-from .engine import Communicator
-from .errors import RingReduceError
+from ringreduce.engine import Communicator
+from ringreduce.errors import RingReduceError
+from ringreduce.safety.checks import DTYPES, OPS
 
 NAME = "ringreduce"
 log = logging.getLogger("ringreduce")

@@ -1,65 +1,49 @@
-"""The native issuer: trace a call once per plan key, replay it from a C++ worker thread.
+"""The native issuer: a call's program (recording.py) replayed from C++.
 
-The Python issuer (pipeline.run_steps) already makes exactly the right CUDA and NCCL
-calls; what costs is making ~100 of them from Python on the caller's thread (about
-1.2 ms of host time per 25 MiB call at 2 x 2). So the same walk runs once per plan key
-(numel, dtype, op, slot cursor, base alignment) against *recording* collaborators:
+A call costs the caller a dictionary lookup (the program of its plan key, traced the
+first time by recording.trace) and one call into ringreduce._native (native/issuer.cpp):
 
-  pipeline.run_steps --sync-->      RecordedStreams   wait/record events, tail copies
-                     --transport--> NcclTransport(calls=RecordedNccl)  NCCL groups
-                     --kernels-->   Kernels copy with ``emit`` set      kernel launches
+  native        Issuer.run, the default: on the caller's thread, without the GIL,
+                before the call returns. The same work, order and thread as the Python
+                issuer; only the ~100 Python calls are gone.
+  native-async  Issuer.submit, experimental: the job is queued for a worker thread and
+                the call returns at once; a completer thread completes Futures. It hung
+                on the GPU with calls in flight (benchmarks/results/2026-11-23-h200-native).
 
-which write instructions into a Recorder instead of executing them. The result is a
-validated ``_native.Program`` (native/issuer.cpp): pointers inside the caller's tensor
-are stored relative to its start, staging and padding pointers absolutely. A call then
-costs the caller a dictionary lookup and one ``Issuer.submit``: record the entry event
-on its stream and queue (program, data_ptr, seq) for the worker, whose last instruction
-writes ``seq`` into the completion flag (host memory: the watchdog reads it) and records
-the job's done event. A stream that must follow the result waits for that event, but
-only once the worker has issued the job: a stream waiting on work nobody has enqueued
-yet deadlocked the first GPU run (a context-wide
-synchronisation, e.g. CUDA loading a kernel lazily, waits for that stream, and the
-worker was the thread synchronising). Synchronous calls: the host waits until the job
-is issued (not for the device), then the caller's stream waits. Asynchronous calls
-return at once; a completer thread completes the Future on a communicator-owned
-``done`` stream after the device wait, so the caller's compute is not serialised
-behind the all-reduce and ``fut.wait()`` waits on the host only until the issue.
+Either way the program records an entry event on the caller's stream first; its last
+instruction writes the call's number into a flag in host memory (what the watchdog
+polls) and records the job's done event, which the stream that must follow the result
+waits for, and only once the job is issued: a stream waiting on work nobody has
+enqueued yet deadlocked the first GPU run (a context-wide synchronisation, e.g. CUDA
+loading a kernel lazily, waits for that stream).
 
 The watchdog watches each call through ``Completion`` (the flag reached ``seq``), one
 per active stage as for Python-issued calls (the device does not say which stage is
-stuck, so it names the first, with that stage's peers); a
-worker failure (an NCCL error) makes ``query()`` raise, and a stuck issue or device
-(a dead peer) leaves the flag short until the deadline: either way the watchdog aborts
-the communicators, after ``stop()`` made the worker leave NCCL, and the worker still
-writes every job's flag so that no stream waits forever.
+stuck, so it names the first, with that stage's peers, and where the issuer is); an
+NCCL error inside the replay makes ``query()`` raise, and a dead peer leaves the flag
+short until the deadline: either way the watchdog aborts the communicators, after
+``stop()`` made the issuing thread leave NCCL, and every job's flag is still written
+so that no stream waits forever.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import functools
-import importlib
 import logging
 import queue
-import struct
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
-from . import nccl, schedule
-from .errors import RingReduceError
-from .pipeline import run_steps
-from .schedule import ENTRY, Cursor
-from .transport import NcclTransport
+from ringreduce.errors import RingReduceError
+from ringreduce.execution import recording
+from ringreduce.execution.recording import extension
+from ringreduce.plan import schedule
+from ringreduce.plan.schedule import Cursor
 
 log = logging.getLogger("ringreduce")
 
-_INSTR = struct.Struct("<9q")
-_ARG = struct.Struct("<2q")
 _LIBCUDA = "libcuda.so.1"
 _DRAIN_POLL_S = 0.1
 """How often a host waiting for the worker to issue its queue looks for a failure."""
@@ -70,22 +54,6 @@ workload of ever-new sizes must not grow memory without bound."""
 _STOP_WAIT_S = 2.0
 """How long a failure waits for the worker to leave NCCL before aborting anyway (the
 same bound as for a Python issuing thread, resources._ABORT_LOCK_WAIT_S)."""
-
-
-@functools.cache
-def extension() -> tuple[Any, str]:
-    """(ringreduce._native or None, why not)."""
-    try:
-        return importlib.import_module("ringreduce._native"), ""
-    except ImportError as exc:
-        return None, f"ringreduce._native is not built ({exc})"
-
-
-def ops() -> dict[str, int]:
-    module, why = extension()
-    if module is None:
-        raise RingReduceError(why)
-    return dict(module.OPS)
 
 
 def loaded_library(stem: str) -> str | None:
@@ -116,121 +84,6 @@ def why_not(config: Any, is_cuda: bool, blocking: bool, has_kernels: bool) -> st
     if not has_kernels:
         return "cupy is not importable (the add stage runs torch ops)"
     return ""
-
-
-class Recorder:
-    """Instructions of one call, in issue order, with tensor pointers made relative."""
-
-    def __init__(self, base: int, extent: int, stages: Sequence[str]) -> None:
-        self.ops = ops()
-        self.base, self.extent = base, extent
-        self.stages = tuple(stages)
-        self.stage = 0
-        self.code = bytearray()
-        self.args = bytearray()
-        self.nargs = 0
-
-    def _rel(self, value: int) -> tuple[int, bool]:
-        if self.base <= value < self.base + self.extent:
-            return value - self.base, True
-        return value, False
-
-    def emit(self, op: str, *a: int, pointers: Sequence[int] = ()) -> None:
-        values, reloc = [*a, *[0] * (6 - len(a))], 0
-        for i in pointers:
-            values[i], inside = self._rel(values[i])
-            reloc |= inside << i
-        self.code += _INSTR.pack(self.ops[op], self.stage, reloc, *values)
-
-    def launch(self, fn: Any, blocks: int, threads: int, args: Sequence[Any],
-               stream: int) -> None:
-        """A cupy kernel launch (kernels.Kernels._launch), by its CUfunction handle."""
-        first = self.nargs
-        for arg in args:
-            raw = np.asarray(arg)
-            size = raw.dtype.itemsize
-            value = int.from_bytes(raw.tobytes().ljust(8, b"\0"), "little", signed=True)
-            inside = False
-            if raw.dtype == np.uint64:  # kernels pass pointers, and only pointers, so
-                value, inside = self._rel(int(arg))
-            self.args += _ARG.pack(size | (inside << 8), value)
-            self.nargs += 1
-        handle = getattr(fn, "kernel", fn).ptr
-        self.emit("launch", handle, blocks, threads, first, len(args), stream)
-
-    def program(self) -> Any:
-        module, _ = extension()
-        return module.Program(bytes(self.code), bytes(self.args), self.extent)
-
-
-class RecordedNccl:
-    """The functions NcclTransport calls on the nccl module, writing instructions."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        self.rec = recorder
-
-    @contextlib.contextmanager
-    def group_ready(self, comms: Sequence[Any], deadline: float, what: str) -> Iterator[None]:
-        assert not comms, "the native issuer needs blocking communicators"
-        self.rec.emit("group_start")
-        yield
-        self.rec.emit("group_end")
-
-    def send(self, comm: Any, t: torch.Tensor, peer: int, stream: int) -> None:
-        self.rec.emit("send", comm._comm, t.data_ptr(), t.numel(), nccl.dtype_code(t.dtype),
-                      peer, stream, pointers=(1,))
-
-    def recv(self, comm: Any, t: torch.Tensor, peer: int, stream: int) -> None:
-        self.rec.emit("recv", comm._comm, t.data_ptr(), t.numel(), nccl.dtype_code(t.dtype),
-                      peer, stream, pointers=(1,))
-
-    def reduce_scatter(self, comm: Any, send: torch.Tensor, recv: torch.Tensor, op: str,
-                       stream: int) -> None:
-        self.rec.emit("reduce_scatter", comm._comm, send.data_ptr(), recv.data_ptr(),
-                      recv.numel(), nccl.dtype_code(send.dtype) | nccl.op_code(op) << 8,
-                      stream, pointers=(1, 2))
-
-    def all_gather(self, comm: Any, send: torch.Tensor, recv: torch.Tensor,
-                   stream: int) -> None:
-        self.rec.emit("all_gather", comm._comm, send.data_ptr(), recv.data_ptr(), send.numel(),
-                      nccl.dtype_code(send.dtype), stream, pointers=(1, 2))
-
-    def all_reduce(self, comm: Any, t: torch.Tensor, op: str, stream: int) -> None:
-        self.rec.emit("all_reduce", comm._comm, t.data_ptr(), t.data_ptr(), t.numel(),
-                      nccl.dtype_code(t.dtype) | nccl.op_code(op) << 8, stream,
-                      pointers=(1, 2))
-
-
-class RecordedStreams:
-    """CudaStreams' eager behaviour (stage tails left to stream order), recorded: the
-    same named events and stage streams; ENTRY becomes the job's own entry event."""
-
-    def __init__(self, real: Any, recorder: Recorder) -> None:
-        self.real, self.rec = real, recorder
-
-    def handle(self, stage: str) -> int:
-        return self.real.handle(stage)
-
-    def wait(self, stage: str, names: Sequence[str]) -> None:
-        self.rec.stage = self.rec.stages.index(stage)  # each step starts with its waits
-        for name in names:
-            if name == ENTRY:
-                self.rec.emit("wait_event", self.handle(stage), 0)
-            elif not name.startswith("tail"):  # stage tails: stream order (eager calls)
-                self.rec.emit("wait_event", self.handle(stage), self.real.events[name].cuda_event)
-
-    def record(self, stage: str, names: Sequence[str]) -> None:
-        for name in names:
-            if not name.startswith("tail"):
-                self.rec.emit("record_event", self.handle(stage),
-                              self.real.events[name].cuda_event)
-
-    def on(self, stage: str) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    def copy(self, stage: str, dst: torch.Tensor, src: torch.Tensor) -> None:
-        self.rec.emit("memcpy", dst.data_ptr(), src.data_ptr(), dst.numel() * dst.element_size(),
-                      self.handle(stage), pointers=(0, 1))
 
 
 def _raw_stream_lookup() -> Callable[[int], int]:
@@ -329,7 +182,8 @@ class NativeIssuer:
         if entry is None:
             if len(self._programs) >= _PROGRAMS:
                 del self._programs[next(iter(self._programs))]  # the oldest traced
-            entry = self._programs[key] = self._trace(t, op, cursor, make_ctx())
+            entry = self._programs[key] = recording.trace(self.res, self.wire, self.stages,
+                                                                t, op, cursor, make_ctx())
         program, after = entry
         caller = self._raw_stream(self._index)
         if self.inline:
@@ -396,27 +250,6 @@ class NativeIssuer:
             self.worker.stream_wait(self._done_handle, seq)
             with torch.cuda.stream(self.done):  # the Future records its event after the wait
                 fut.set_result(t)
-
-    def _trace(self, t: torch.Tensor, op: str, cursor: Cursor, ctx: Any) -> tuple[Any, Cursor]:
-        """Walk the plan against recording collaborators; nothing is issued."""
-        res, topo = self.res, self.topo
-        ctx.wire = self.wire if t.dtype == torch.float32 else None
-        plans, steps, after = schedule.plan_call(
-            t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
-            res.slice_bytes, res.staging_slots, cursor,
-            "add" if ctx.wire is None else "diffuse")
-        rec = Recorder(t.data_ptr(), t.numel() * t.element_size(), self.stages)
-        kernels = copy.copy(res.kernels)
-        kernels.emit = rec
-        ctx.kernels = kernels
-        ctx.sync = RecordedStreams(res.sync, rec)
-        transport = res.transport
-        ctx.transport = NcclTransport(topo, transport.comms, transport.timeout_s, True,
-                                      kernels, calls=RecordedNccl(rec))
-        run_steps(steps, t.view(-1), plans, op, ctx)
-        rec.stage = len(self.stages) - 1
-        rec.emit("write_flag")
-        return rec.program(), after
 
     def failure_text(self) -> str:
         error = self.worker.error()

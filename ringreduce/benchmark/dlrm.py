@@ -1,0 +1,394 @@
+"""A small DLRM trained with DDP three ways: NCCL, ringreduce's comm hook, and the
+"ringreduce" torch.distributed backend; loss curves and samples/s side by side.
+
+The model: dense features through a bottom MLP; several dense (not sparse-gradient),
+replicated nn.EmbeddingBag tables (mode sum, a fixed number of ids per bag); a
+dot-product interaction of the bottom output with every pooled embedding; a top MLP to
+one click logit. The default (8 tables x 125,000 rows x 32) holds 128 MB of fp32
+embedding gradients, so the all-reduce, not the arithmetic, sets the step time.
+
+The data: per rank and step, deterministic from ``--seed``; dense features N(0, 1);
+ids skewed towards low rows (u**3 of the table), so hot rows recur and can be learnt;
+labels from a fixed random teacher (a linear function of the dense features plus a
+random score per row), so the loss really decreases. Every mode trains a model built
+from the same seed on the same batches.
+
+Modes (``--modes``, run one after another in one process lifetime):
+  nccl     plain DDP on the process group's own backend (NCCL; gloo with --device cpu)
+  hook     DDP + ``register_comm_hook(ringreduce.Communicator(...), ringreduce.ddp_hook)``
+  backend  DDP on a process group of the "ringreduce" backend, no hook
+A process initialises its default group once, so when ``backend`` is asked for, the
+default group is created as "cpu:gloo,cuda:ringreduce" ("cpu:ringreduce" on CPU) and
+the nccl and hook modes run on ``dist.new_group(backend="nccl")`` (gloo on CPU);
+otherwise the default group is plain NCCL/gloo and serves them directly. The backend's
+engine takes no arguments, so ``--machines``/``--min-bytes`` reach it as
+RINGREDUCE_MACHINES/RINGREDUCE_MIN_BYTES (the hook's Communicator gets them directly).
+Timing: steps after ``--warmup``, host clock between two device synchronisations;
+samples/s counts the global batch; the slowest rank's time counts.
+
+    torchrun --nproc-per-node 4 benchmarks/dlrm.py --modes nccl,hook,backend --json d.json
+    python benchmarks/emulate.py --machines 2 --gpus-per-machine 2 --physical-gpus 2 \\
+        --script benchmarks/dlrm.py -- --modes nccl,hook,backend --plot dlrm.png
+    python benchmarks/dlrm.py --device cpu --rows 2000 --batch 64 --steps 12 --warmup 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import itertools
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ringreduce
+from ringreduce.benchmark.launch import Launch, detect, nccl_variables, run_ranks
+from ringreduce.integrations.backend import RingReduceGroup
+
+MODES = ("nccl", "hook", "backend")
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """Model shape. Gradient bytes: about tables * rows * dim * 4 (the MLPs add ~1 MB)."""
+
+    tables: int = 8
+    rows: int = 125_000
+    dim: int = 32
+    bag: int = 4  # ids per bag (DLRM's pooling factor)
+    dense: int = 13  # Criteo's dense feature count
+    bottom: tuple[int, ...] = (512, 256)
+    top: tuple[int, ...] = (512, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """One run; the same on every rank."""
+
+    modes: tuple[str, ...] = MODES
+    spec: Spec = Spec()
+    batch: int = 2048  # per rank
+    steps: int = 60
+    warmup: int = 10
+    lr: float = 0.5  # plain SGD; 0.1 barely moves the loss in 60 steps
+    seed: int = 0
+    bucket_mb: float = 25.0  # DDP's default bucket cap
+    machines: int | None = None  # Communicator(machines=...); None: from host ids
+    min_bytes: int | None = None  # Communicator(min_bytes=...); None: its default
+
+
+def mlp(sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(sizes):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])  # the caller decides what follows the last layer
+
+
+class DLRM(nn.Module):
+    """forward(dense (B, F), ids (T, B, bag)) -> click logits (B,)."""
+
+    def __init__(self, spec: Spec) -> None:
+        super().__init__()
+        self.bottom = mlp([spec.dense, *spec.bottom, spec.dim])
+        self.tables = nn.ModuleList(nn.EmbeddingBag(spec.rows, spec.dim, mode="sum")
+                                    for _ in range(spec.tables))
+        pairs = torch.triu_indices(spec.tables + 1, spec.tables + 1, offset=1)
+        self.register_buffer("pairs", pairs, persistent=False)
+        self.top = mlp([spec.dim + pairs.shape[1], *spec.top, 1])
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bottom(dense))
+        z = torch.stack([x, *(table(ids[t]) for t, table in enumerate(self.tables))], dim=1)
+        dots = torch.bmm(z, z.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
+        return self.top(torch.cat([x, dots], dim=1)).squeeze(1)
+
+
+def build_model(spec: Spec, seed: int) -> DLRM:
+    """DLRM's initialisation from a private generator: the same weights in every mode,
+    whatever else drew from torch's global generator."""
+    model, g = DLRM(spec), torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.EmbeddingBag):
+                bound = module.num_embeddings ** -0.5
+                module.weight.uniform_(-bound, bound, generator=g)
+            elif isinstance(module, nn.Linear):
+                fan_out, fan_in = module.weight.shape
+                module.weight.normal_(0.0, (2.0 / (fan_in + fan_out)) ** 0.5, generator=g)
+                module.bias.normal_(0.0, fan_out ** -0.5, generator=g)
+    return model
+
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def make_batches(opts: Options, rank: int, device: torch.device) -> list[Batch]:
+    """Every step's (dense, ids, labels) of this rank, made before any timing."""
+    spec = opts.spec
+    teacher = torch.Generator().manual_seed(opts.seed + 1)  # the same on every rank
+    w_dense = torch.randn(spec.dense, generator=teacher) / spec.dense ** 0.5
+    row_score = torch.randn(spec.tables, spec.rows, generator=teacher)
+    g = torch.Generator().manual_seed(opts.seed * 100_003 + 1 + rank)
+    batches = []
+    for _ in range(opts.steps):
+        dense = torch.randn(opts.batch, spec.dense, generator=g)
+        skew = torch.rand(spec.tables, opts.batch, spec.bag, generator=g) ** 3
+        ids = (skew * spec.rows).long()
+        pooled = torch.stack([row_score[t][ids[t]].mean(1) for t in range(spec.tables)])
+        logit = dense @ w_dense + pooled.sum(0) / spec.tables ** 0.5
+        labels = (logit > 0).float()
+        batches.append((dense.to(device), ids.to(device), labels.to(device)))
+    return batches
+
+
+@dataclasses.dataclass(frozen=True)
+class Groups:
+    """``plain``: NCCL/gloo, for the nccl and hook modes; ``ringreduce``: the default
+    group when it was created with the ringreduce backend, else None."""
+
+    plain: dist.ProcessGroup
+    ringreduce: RingReduceGroup | None
+
+
+def make_groups(device: torch.device) -> Groups:
+    world = dist.group.WORLD
+    if not isinstance(world, RingReduceGroup):
+        return Groups(world, None)
+    return Groups(dist.new_group(backend="nccl" if device.type == "cuda" else "gloo"), world)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeRun:
+    mode: str
+    losses: list[float]  # mean over ranks, every step (warm-up included)
+    timed_steps: int
+    seconds: float  # the slowest rank's
+    samples_per_s: float
+    engine_calls: int  # collectives the ringreduce engine ran (0 in nccl mode)
+    engine: str  # the engine's configuration ("" in nccl mode)
+
+
+def synchronized(device: torch.device, group: dist.ProcessGroup) -> float:
+    """The host clock once every rank's queued work is done (a tiny all-reduce lines
+    the ranks up, so no rank's timing starts while another is still warming up)."""
+    flag = torch.zeros(1, device=device)
+    dist.all_reduce(flag, group=group)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def train_mode(mode: str, opts: Options, batches: list[Batch], groups: Groups,
+               device: torch.device) -> ModeRun:
+    """Train a fresh model for ``len(batches)`` steps with one mode's all-reduce."""
+    cuda = device.type == "cuda"
+    ddp = DDP(build_model(opts.spec, opts.seed).to(device),
+              device_ids=[device] if cuda else None, bucket_cap_mb=opts.bucket_mb,
+              process_group=groups.ringreduce if mode == "backend" else groups.plain)
+    comm = engine(mode, opts, groups, device)
+    calls_before = comm.op_number if comm else 0
+    if mode == "hook":
+        ddp.register_comm_hook(comm, ringreduce.ddp_hook)
+    sgd = torch.optim.SGD(ddp.parameters(), lr=opts.lr)
+    losses = torch.zeros(len(batches), device=device)
+    start = 0.0
+    try:
+        for step, (dense, ids, labels) in enumerate(batches):
+            if step == opts.warmup:
+                start = synchronized(device, groups.plain)
+            sgd.zero_grad()
+            loss = nn.functional.binary_cross_entropy_with_logits(ddp(dense, ids), labels)
+            loss.backward()
+            sgd.step()
+            losses[step] = loss.detach()
+        seconds = torch.tensor([synchronized(device, groups.plain) - start], device=device)
+        calls, described = (comm.op_number - calls_before, comm.describe()) if comm else (0, "")
+    finally:
+        if comm is not None and mode == "hook":
+            comm.close()
+    world = dist.get_world_size(groups.plain)
+    dist.all_reduce(losses, group=groups.plain)  # SUM, then divide: gloo has no AVG
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=groups.plain)
+    timed, sec = opts.steps - opts.warmup, float(seconds.item())
+    return ModeRun(mode, (losses / world).tolist(), timed, sec,
+                   timed * opts.batch * world / sec, calls, described)
+
+
+def engine(mode: str, opts: Options, groups: Groups,
+           device: torch.device) -> ringreduce.Communicator | None:
+    """The hook's Communicator (new, on the plain group), the backend's own engine
+    (built on first use and kept by the group), or None for nccl."""
+    if mode == "hook":
+        return ringreduce.Communicator(groups.plain, machines=opts.machines,
+                                       min_bytes=opts.min_bytes)
+    if mode == "backend":
+        if groups.ringreduce is None:
+            raise ValueError("mode 'backend' needs the default process group created with "
+                             "the ringreduce backend: run dlrm.py with 'backend' in --modes, "
+                             "or dist.init_process_group('cpu:gloo,cuda:ringreduce') first")
+        return groups.ringreduce.communicator(device)
+    return None
+
+
+def run_modes(opts: Options, device: torch.device) -> list[ModeRun]:
+    """Every mode of ``opts`` in turn, inside an initialised process group."""
+    groups = make_groups(device)
+    batches = make_batches(opts, dist.get_rank(), device)
+    runs = []
+    for mode in opts.modes:
+        runs.append(train_mode(mode, opts, batches, groups, device))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the next mode starts from the same free memory
+    return runs
+
+
+def grad_bytes(spec: Spec) -> int:
+    """fp32 gradient bytes per step: every parameter (all are dense and replicated)."""
+    small = DLRM(dataclasses.replace(spec, rows=1))  # the MLPs, without allocating tables
+    mlps = sum(p.numel() for name, p in small.named_parameters()
+               if not name.startswith("tables."))
+    return 4 * (mlps + spec.tables * spec.rows * spec.dim)
+
+
+def table(runs: list[ModeRun]) -> str:
+    """mode, steps, samples/s, ratio and max |loss diff| against nccl, final loss."""
+    ref = next((r for r in runs if r.mode == "nccl"), None)
+    lines = [f"{'mode':<8} {'steps':>5} {'samples/s':>11} {'vs nccl':>7} {'final loss':>10} "
+             f"{'max|dloss| vs nccl':>18}"]
+    for r in runs:
+        ratio = f"{r.samples_per_s / ref.samples_per_s:.2f}" if ref else "n/a"
+        diff = f"{max(abs(a - b) for a, b in zip(r.losses, ref.losses, strict=True)):.3g}" \
+            if ref else "n/a"
+        lines.append(f"{r.mode:<8} {r.timed_steps:>5} {r.samples_per_s:>11.1f} {ratio:>7} "
+                     f"{r.losses[-1]:>10.6f} {diff:>18}")
+    return "\n".join(lines)
+
+
+def describe(opts: Options, launch: Launch, device: torch.device) -> str:
+    s = opts.spec
+    return (f"# dlrm: {s.tables} tables x {s.rows} rows x {s.dim}, bag {s.bag}, "
+            f"{grad_bytes(s) / 1e6:.1f} MB fp32 gradients; world {dist.get_world_size()} "
+            f"({launch.launcher}), machines {opts.machines or 'from host ids'}, "
+            f"batch {opts.batch}/rank, {opts.steps} steps ({opts.warmup} warm-up), "
+            f"lr {opts.lr}, seed {opts.seed}, device {device.type}, "
+            f"default group {dist.get_backend_config()}")
+
+
+def write_outputs(args: argparse.Namespace, opts: Options, launch: Launch,
+                  device: torch.device, runs: list[ModeRun]) -> None:
+    if args.json:
+        meta = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                "argv": sys.argv[1:], "torch": torch.__version__,
+                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                "launcher": launch.launcher, "world_size": dist.get_world_size(),
+                "backend_config": str(dist.get_backend_config()),
+                "grad_bytes": grad_bytes(opts.spec), "options": dataclasses.asdict(opts),
+                "nccl_env": nccl_variables()}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "runs": [dataclasses.asdict(r) for r in runs]}, f,
+                      indent=1)
+    if args.plot:
+        plot(runs, args.plot, describe(opts, launch, device).lstrip("# "))
+
+
+def plot(runs: list[ModeRun], path: str, title: str) -> None:
+    import matplotlib  # optional dependency: only --plot needs it
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in runs:
+        ax.plot(range(len(r.losses)), r.losses, label=f"{r.mode} ({r.samples_per_s:.0f}/s)")
+    ax.set(xlabel="step", ylabel="training loss (mean over ranks)")
+    ax.set_title(title, fontsize=7, wrap=True)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def rank_main(args: argparse.Namespace, opts: Options, launch: Launch,
+              device: torch.device) -> list[dict[str, Any]]:
+    """One rank's run; plain dicts back, because spawned ranks pickle their result and a
+    class of a script run as __main__ would not unpickle in the parent."""
+    runs = run_modes(opts, device)
+    if dist.get_rank() == 0:
+        print(describe(opts, launch, device), flush=True)
+        print(table(runs), flush=True)
+        write_outputs(args, opts, launch, device, runs)
+    return [dataclasses.asdict(r) for r in runs]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add, d = p.add_argument, Options()
+    add("--modes", "--mode", default=",".join(d.modes), help="comma list of nccl, hook, backend")
+    add("--device", choices=("cuda", "cpu"), help="default: cuda when there")
+    add("--tables", type=int, default=d.spec.tables)
+    add("--rows", type=int, default=d.spec.rows, help="rows per table")
+    add("--dim", type=int, default=d.spec.dim)
+    add("--bag", type=int, default=d.spec.bag, help="ids per bag")
+    for name in ("batch", "steps", "warmup", "seed"):
+        add(f"--{name}", type=int, default=getattr(d, name))
+    add("--lr", type=float, default=d.lr)
+    add("--bucket-mb", type=float, default=d.bucket_mb, help="DDP bucket_cap_mb")
+    add("--machines", type=int, help="virtual machines of hook and backend modes; "
+        "default: from host ids (2 for standalone CPU runs)")
+    add("--min-bytes", type=int, help="min_bytes of hook and backend modes' engines")
+    add("--nprocs", type=int, help="processes to spawn without a launcher (default 4 on CPU)")
+    add("--json", help="write {meta, runs} here")
+    add("--plot", help="write the loss curves here (PNG, needs matplotlib)")
+    return p
+
+
+def options(args: argparse.Namespace, cuda: bool) -> Options:
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    bad = [m for m in modes if m not in MODES] + (["(none)"] if not modes else [])
+    if bad:
+        raise SystemExit(f"--modes {args.modes!r}: unknown {bad}; use a comma list of "
+                         f"{', '.join(MODES)}")
+    if not 0 <= args.warmup < args.steps:
+        raise SystemExit(f"--warmup {args.warmup} --steps {args.steps}: need 0 <= warmup < "
+                         "steps (the steps after warm-up are timed)")
+    machines = args.machines
+    if machines is None and not cuda and detect().launcher == "standalone":
+        machines = 2 if (args.nprocs or 4) % 2 == 0 else 1  # as ringreduce.bench on CPU
+    spec = Spec(tables=args.tables, rows=args.rows, dim=args.dim, bag=args.bag)
+    return Options(modes=modes, spec=spec, batch=args.batch, steps=args.steps,
+                   warmup=args.warmup, lr=args.lr, seed=args.seed, bucket_mb=args.bucket_mb,
+                   machines=machines, min_bytes=args.min_bytes)
+
+
+def backend_env(opts: Options) -> dict[str, str]:
+    """--machines/--min-bytes for the backend's engine, which has no arguments."""
+    env = {"RINGREDUCE_MACHINES": opts.machines, "RINGREDUCE_MIN_BYTES": opts.min_bytes}
+    return {k: str(v) for k, v in env.items() if v is not None}
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    args = build_parser().parse_args(argv)
+    cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
+    opts = options(args, cuda)
+    backend = None
+    if "backend" in opts.modes:
+        backend = "cpu:gloo,cuda:ringreduce" if cuda else "cpu:ringreduce"
+        # The backend builds its engine from Config's variables: give it the hook's
+        # settings (set before the ranks start, so spawned ranks inherit them).
+        os.environ.update(backend_env(opts))
+    return run_ranks(functools.partial(rank_main, args, opts), args.nprocs, backend=backend,
+                     cuda=cuda)
+
+
+if __name__ == "__main__":
+    main()

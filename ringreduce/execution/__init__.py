@@ -1,0 +1,10 @@
+"""Execution: turning a plan into work on streams, NCCL communicators and kernels.
+
+``resources`` builds a Communicator's communicators, streams, events, buffers and
+watchdog; ``pipeline`` walks a call's steps on the named stage streams; ``transport``
+issues each stage over NCCL (``nccl``, the only module that calls NCCL from Python) or
+gloo; ``add`` and ``kernels`` run the add stage (torch ops, or native/*.cu via cupy);
+``graphs`` captures and replays calls; ``native`` records a call once and replays it
+from C++ (native/issuer.cpp); ``collectives`` builds reduce-scatter and all-gather from
+the same stages.
+"""

@@ -1,0 +1,195 @@
+"""Recording: a call's CUDA and NCCL work, traced once into a native program.
+
+The Python issuer (pipeline.run_steps) already makes exactly the right CUDA and NCCL
+calls; what costs is making ~100 of them from Python. So the same walk runs once per
+plan key (numel, dtype, op, slot cursor, base alignment) against *recording*
+collaborators:
+
+  pipeline.run_steps --sync-->      RecordedStreams   wait/record events, tail copies
+                     --transport--> NcclTransport(calls=RecordedNccl)  NCCL groups
+                     --kernels-->   Kernels copy with ``emit`` set      kernel launches
+
+which write instructions into a Recorder instead of executing them. The result is a
+validated ``_native.Program`` (native/issuer.cpp): pointers inside the caller's tensor
+are stored relative to its start, staging and padding pointers absolutely. Replaying
+it is native.py's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import importlib
+import struct
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ringreduce.errors import RingReduceError
+from ringreduce.execution import nccl
+from ringreduce.execution.pipeline import run_steps
+from ringreduce.execution.transport import NcclTransport
+from ringreduce.plan import schedule
+from ringreduce.plan.schedule import ENTRY, Cursor
+
+_INSTR = struct.Struct("<9q")
+_ARG = struct.Struct("<2q")
+
+
+@functools.cache
+def extension() -> tuple[Any, str]:
+    """(ringreduce._native or None, why not)."""
+    try:
+        return importlib.import_module("ringreduce._native"), ""
+    except ImportError as exc:
+        return None, f"ringreduce._native is not built ({exc})"
+
+
+def ops() -> dict[str, int]:
+    module, why = extension()
+    if module is None:
+        raise RingReduceError(why)
+    return dict(module.OPS)
+
+
+class Recorder:
+    """Instructions of one call, in issue order, with tensor pointers made relative."""
+
+    def __init__(self, base: int, extent: int, stages: Sequence[str]) -> None:
+        self.ops = ops()
+        self.base, self.extent = base, extent
+        self.stages = tuple(stages)
+        self.stage = 0
+        self.code = bytearray()
+        self.args = bytearray()
+        self.nargs = 0
+
+    def _rel(self, value: int) -> tuple[int, bool]:
+        if self.base <= value < self.base + self.extent:
+            return value - self.base, True
+        return value, False
+
+    def emit(self, op: str, *a: int, pointers: Sequence[int] = ()) -> None:
+        values, reloc = [*a, *[0] * (6 - len(a))], 0
+        for i in pointers:
+            values[i], inside = self._rel(values[i])
+            reloc |= inside << i
+        self.code += _INSTR.pack(self.ops[op], self.stage, reloc, *values)
+
+    def launch(self, fn: Any, blocks: int, threads: int, args: Sequence[Any],
+               stream: int) -> None:
+        """A cupy kernel launch (kernels.Kernels._launch), by its CUfunction handle."""
+        first = self.nargs
+        for arg in args:
+            raw = np.asarray(arg)
+            size = raw.dtype.itemsize
+            value = int.from_bytes(raw.tobytes().ljust(8, b"\0"), "little", signed=True)
+            inside = False
+            if raw.dtype == np.uint64:  # kernels pass pointers, and only pointers, so
+                value, inside = self._rel(int(arg))
+            self.args += _ARG.pack(size | (inside << 8), value)
+            self.nargs += 1
+        handle = getattr(fn, "kernel", fn).ptr
+        self.emit("launch", handle, blocks, threads, first, len(args), stream)
+
+    def program(self) -> Any:
+        module, _ = extension()
+        return module.Program(bytes(self.code), bytes(self.args), self.extent)
+
+
+class RecordedNccl:
+    """The functions NcclTransport calls on the nccl module, writing instructions."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.rec = recorder
+
+    @contextlib.contextmanager
+    def group_ready(self, comms: Sequence[Any], deadline: float, what: str) -> Iterator[None]:
+        assert not comms, "the native issuer needs blocking communicators"
+        self.rec.emit("group_start")
+        yield
+        self.rec.emit("group_end")
+
+    def send(self, comm: Any, t: torch.Tensor, peer: int, stream: int) -> None:
+        self.rec.emit("send", comm._comm, t.data_ptr(), t.numel(), nccl.dtype_code(t.dtype),
+                      peer, stream, pointers=(1,))
+
+    def recv(self, comm: Any, t: torch.Tensor, peer: int, stream: int) -> None:
+        self.rec.emit("recv", comm._comm, t.data_ptr(), t.numel(), nccl.dtype_code(t.dtype),
+                      peer, stream, pointers=(1,))
+
+    def reduce_scatter(self, comm: Any, send: torch.Tensor, recv: torch.Tensor, op: str,
+                       stream: int) -> None:
+        self.rec.emit("reduce_scatter", comm._comm, send.data_ptr(), recv.data_ptr(),
+                      recv.numel(), nccl.dtype_code(send.dtype) | nccl.op_code(op) << 8,
+                      stream, pointers=(1, 2))
+
+    def all_gather(self, comm: Any, send: torch.Tensor, recv: torch.Tensor,
+                   stream: int) -> None:
+        self.rec.emit("all_gather", comm._comm, send.data_ptr(), recv.data_ptr(), send.numel(),
+                      nccl.dtype_code(send.dtype), stream, pointers=(1, 2))
+
+    def all_reduce(self, comm: Any, t: torch.Tensor, op: str, stream: int) -> None:
+        self.rec.emit("all_reduce", comm._comm, t.data_ptr(), t.data_ptr(), t.numel(),
+                      nccl.dtype_code(t.dtype) | nccl.op_code(op) << 8, stream,
+                      pointers=(1, 2))
+
+
+class RecordedStreams:
+    """CudaStreams' eager behaviour (stage tails left to stream order), recorded: the
+    same named events and stage streams; ENTRY becomes the job's own entry event."""
+
+    def __init__(self, real: Any, recorder: Recorder) -> None:
+        self.real, self.rec = real, recorder
+
+    def handle(self, stage: str) -> int:
+        return self.real.handle(stage)
+
+    def wait(self, stage: str, names: Sequence[str]) -> None:
+        self.rec.stage = self.rec.stages.index(stage)  # each step starts with its waits
+        for name in names:
+            if name == ENTRY:
+                self.rec.emit("wait_event", self.handle(stage), 0)
+            elif not name.startswith("tail"):  # stage tails: stream order (eager calls)
+                self.rec.emit("wait_event", self.handle(stage), self.real.events[name].cuda_event)
+
+    def record(self, stage: str, names: Sequence[str]) -> None:
+        for name in names:
+            if not name.startswith("tail"):
+                self.rec.emit("record_event", self.handle(stage),
+                              self.real.events[name].cuda_event)
+
+    def on(self, stage: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def copy(self, stage: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+        self.rec.emit("memcpy", dst.data_ptr(), src.data_ptr(), dst.numel() * dst.element_size(),
+                      self.handle(stage), pointers=(0, 1))
+
+
+
+def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Tensor,
+          op: str, cursor: Cursor, ctx: Any) -> tuple[Any, Cursor]:
+    """(the program of this call, the cursor after it): the plan walked against
+    recording collaborators; nothing is issued."""
+    topo = res.topo
+    ctx.wire = wire if t.dtype == torch.float32 else None
+    plans, steps, after = schedule.plan_call(
+        t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
+        res.slice_bytes, res.staging_slots, cursor,
+        "add" if ctx.wire is None else "diffuse")
+    rec = Recorder(t.data_ptr(), t.numel() * t.element_size(), stages)
+    kernels = copy.copy(res.kernels)
+    kernels.emit = rec
+    ctx.kernels = kernels
+    ctx.sync = RecordedStreams(res.sync, rec)
+    transport = res.transport
+    ctx.transport = NcclTransport(topo, transport.comms, transport.timeout_s, True,
+                                  kernels, calls=RecordedNccl(rec))
+    run_steps(steps, t.view(-1), plans, op, ctx)
+    rec.stage = len(stages) - 1
+    rec.emit("write_flag")
+    return rec.program(), after

@@ -1,0 +1,6 @@
+"""Integrations: the three ways users reach the engine besides a Communicator itself.
+
+``hook`` is DDP's comm hook (``ddp_model.register_comm_hook(comm, ringreduce.ddp_hook)``),
+``backend`` the ``"ringreduce"`` torch.distributed backend, and ``api`` the standalone
+``ringreduce.all_reduce`` with a cached Communicator per group.
+"""

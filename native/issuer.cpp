@@ -1,9 +1,10 @@
-// ringreduce._native: replays a recorded call program from a worker thread, no GIL.
+// ringreduce._native: replays a recorded call program without the GIL, on the caller's
+// thread (run, the default "native" issuer) or on a worker thread (submit: "native-async").
 //
-// The Python issuer (ringreduce/execution/pipeline.py) walks a call's plan and makes ~100 CUDA and
-// NCCL calls from Python: about 1.2 ms of the caller's host time per 25 MiB call. Here
-// the same sequence, recorded once per plan key (ringreduce/execution/native.py), is a flat array
-// of instructions that one thread per Communicator issues while the caller returns.
+// The Python issuer (ringreduce/execution/pipeline.py) walks a call's plan and makes
+// ~100 CUDA and NCCL calls from Python: about 2 ms of the caller's host time per 25 MiB
+// call. Here the same sequence, recorded once per plan key
+// (ringreduce/execution/recording.py), is a flat array of instructions.
 //
 // No torch, no CUDA or NCCL headers: the few prototypes used are declared below, and
 // libcuda.so.1 and the libnccl the process already loaded (path passed from Python) are

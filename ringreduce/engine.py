@@ -24,8 +24,9 @@ import torch.distributed as dist
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import collectives
-from ringreduce.execution.pipeline import FLAT, flat_here, run_flat, run_steps
+from ringreduce.execution.pipeline import flat_here, run_flat, run_steps
 from ringreduce.execution.resources import Resources, build_resources, group_store
+from ringreduce.execution.streams import FLAT
 from ringreduce.plan import schedule
 from ringreduce.plan.topology import Topology
 from ringreduce.safety import checks

@@ -321,7 +321,7 @@ def _back_to_back_worker(rank: int, world: int, wire: str) -> None:
     """DDP's pattern with replay on: the same buckets every step, issued back to back
     (async, waited at the end; sync on some steps), so each replay starts while the
     previous one still runs, ordered only by the external slot and stage-tail events
-    of the graphs (pipeline.CudaStreams). Different sizes bake different staging
+    of the graphs (streams.CudaStreams). Different sizes bake different staging
     slots into each graph, and 1 MiB slices give each call several. Every result exact."""
     dev = torch.device("cuda", torch.cuda.current_device())
     wire_dtype = getattr(torch, wire) if wire != "none" else None

@@ -15,7 +15,7 @@ Why replay is correct:
     allocated once and never move, and the capture allocates nothing on the default
     path (the 16-bit wire path allocates inside the graph's private pool).
   * A replay is ordered with the calls around it the way eager calls are, slice by
-    slice (pipeline.CudaStreams). In the capture, the waits and records that cross
+    slice (streams.CudaStreams). In the capture, the waits and records that cross
     calls (a staging or padding slot's release, each stage's last work: the stage
     "tails") become external event nodes on the communicator's named events. CUDA
     honours those exactly as streams honour events: a wait sees the last record

@@ -24,7 +24,8 @@ from ringreduce.config import Config, host_identity
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import kernels, native, nccl
 from ringreduce.execution.graphs import GraphCache
-from ringreduce.execution.pipeline import Buffers, CudaStreams, HostOrder
+from ringreduce.execution.pipeline import Buffers
+from ringreduce.execution.streams import CudaStreams, HostOrder
 from ringreduce.execution.transport import GlooTransport, NcclTransport
 from ringreduce.plan import layout, schedule, topology
 from ringreduce.plan.topology import Topology

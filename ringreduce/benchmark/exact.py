@@ -11,8 +11,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64)
-OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.MIN)
+from ringreduce.safety.checks import DTYPES
+from ringreduce.safety.checks import OPS as _OP_NAMES
+
+__all__ = ["DTYPES", "OPS", "expected", "rank_input"]
+
+OPS = tuple(_OP_NAMES)
+"""The supported ops, as ``dist.ReduceOp`` (the one table is safety.checks.OPS)."""
 
 
 def rank_input(rank: int, n: int, dtype: torch.dtype, device: torch.device,

@@ -10,3 +10,14 @@ class RingReduceError(RuntimeError):
     log line alone says where the pipeline broke. Caller mistakes raise
     ``ValueError``/``TypeError`` instead, before any communication.
     """
+
+
+def stage_error(stage: str, rank: int | None, where: str, peers: object,
+                cause: object) -> RingReduceError:
+    """The one shape of a stage failure: "ringreduce stage '<stage>' failed on rank <r>
+    in <where>, peers (group ranks) [...]: <cause>". ``where`` says which operation
+    (e.g. "operation #7 (all_reduce of 1024 x torch.float32)"); ``rank`` None when the
+    reporter does not know it."""
+    on = "" if rank is None else f" on rank {rank}"
+    return RingReduceError(f"ringreduce stage '{stage}' failed{on} in {where}, "
+                           f"peers (group ranks) {list(peers)}: {cause}")

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ringreduce.errors import RingReduceError
+from ringreduce.errors import RingReduceError, stage_error
 from ringreduce.execution import recording
 from ringreduce.execution.recording import extension
 from ringreduce.plan import schedule
@@ -257,9 +257,9 @@ class NativeIssuer:
             return "the native issuer stopped"
         seq, stage_index, index, message = error
         stage = self.stages[stage_index] if 0 <= stage_index < len(self.stages) else "-"
-        return (f"ringreduce stage '{stage}' failed on rank {self.topo.rank} in the native "
-                f"issuer (its job {seq}, instruction {index}), peers (group ranks) "
-                f"{list(self.topo.peers(stage))}: {message}")
+        return str(stage_error(stage, self.topo.rank,
+                               f"the native issuer (its job {seq}, instruction {index})",
+                               self.topo.peers(stage), message))
 
     def drain(self) -> None:
         """Before Python issues CUDA work itself: the worker must have issued all it was

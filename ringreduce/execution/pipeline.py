@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ringreduce.errors import RingReduceError
+from ringreduce.errors import stage_error
 from ringreduce.execution.add import add, add_wire, finish_average
 from ringreduce.execution.streams import FLAT
 from ringreduce.execution.transport import Part
@@ -199,7 +199,7 @@ def _errors(ctx: Any, stage: str, slice_index: str, peers: Sequence[int],
     except (ValueError, TypeError, AssertionError):
         raise
     except Exception as exc:
-        raise RingReduceError(
-            f"ringreduce stage '{stage}' failed on rank {ctx.topo.rank} in operation "
-            f"#{ctx.op_number} (slice {slice_index}, tensor of {t.numel()} x {t.dtype}), "
-            f"peers (group ranks) {list(peers)}: {exc}") from exc
+        raise stage_error(
+            stage, ctx.topo.rank,
+            f"operation #{ctx.op_number} (slice {slice_index}, tensor of {t.numel()} x "
+            f"{t.dtype})", peers, exc) from exc

@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ringreduce.errors import RingReduceError
+from ringreduce.errors import RingReduceError, stage_error
 from ringreduce.safety.flight import FlightRecorder, Record
 
 
@@ -51,11 +51,11 @@ class Guard:
             self.store.wait(keys, self.timeout)
             calls = [self.store.get(key).decode() for key in keys]
         except Exception as exc:
-            raise RingReduceError(
-                f"stage 'debug check' failed on rank {self.rank}: not every rank reached "
-                f"operation #{op_number} within {self.timeout.total_seconds():.0f} s, or the "
-                f"store failed (RINGREDUCE_DEBUG check), peers (group ranks) "
-                f"{list(range(self.world_size))}: {exc}") from exc
+            raise stage_error(
+                "debug check", self.rank, f"operation #{op_number} (RINGREDUCE_DEBUG check)",
+                range(self.world_size),
+                f"not every rank reached it within {self.timeout.total_seconds():.0f} s, or "
+                f"the store failed: {exc}") from exc
         for r, theirs in enumerate(calls):
             if theirs != mine:
                 raise RingReduceError(

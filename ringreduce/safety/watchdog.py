@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from ringreduce.errors import RingReduceError
+from ringreduce.errors import RingReduceError, stage_error
 
 log = logging.getLogger("ringreduce")
 
@@ -227,13 +227,11 @@ class Watchdog:
         issue = self._stuck_issue() if self._stuck_issue is not None else None
         if issue is None or time.monotonic() - issue.since <= self.timeout_s:
             return None
-        where = "" if self.rank is None else f" on rank {self.rank}"
-        return RingReduceError(
-            f"ringreduce stage '{issue.stage}' failed{where} in operation #{issue.op_number} "
-            f"({issue.what}), peers (group ranks) {list(issue.peers)}: issuing it did not "
-            f"return within the deadline of {self.timeout_s:g} s (RINGREDUCE_TIMEOUT); NCCL "
-            "waits inside the call to connect to a peer that died, hangs, or never made "
-            "this call")
+        return stage_error(
+            issue.stage, self.rank, f"operation #{issue.op_number} ({issue.what})", issue.peers,
+            f"issuing it did not return within the deadline of {self.timeout_s:g} s "
+            "(RINGREDUCE_TIMEOUT); NCCL waits inside the call to connect to a peer that died, "
+            "hangs, or never made this call")
 
     def _drop_finished(self) -> None:
         """Under the lock: forget finished operations, start the new oldest's clock."""
@@ -248,10 +246,8 @@ class Watchdog:
         stage, peers = "-", ()
         if op.stages:  # the first unfinished stage, or the last one if all finished
             stage, _, peers = op.stages[min(op.done, len(op.stages) - 1)]
-        where = "" if self.rank is None else f" on rank {self.rank}"
-        return RingReduceError(
-            f"ringreduce stage '{stage}' failed{where} in operation #{op.op_number} "
-            f"({op.what}), peers (group ranks) {list(peers)}: {cause}")
+        return stage_error(stage, self.rank, f"operation #{op.op_number} ({op.what})", peers,
+                           cause)
 
     def _fail(self, error: RingReduceError) -> None:
         with self._cond:

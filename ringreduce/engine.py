@@ -24,6 +24,7 @@ import torch.distributed as dist
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import collectives
+from ringreduce.execution.context import CallContext
 from ringreduce.execution.pipeline import flat_here, run_flat, run_steps
 from ringreduce.execution.resources import Resources, build_resources, group_store
 from ringreduce.execution.streams import FLAT
@@ -205,7 +206,7 @@ class Communicator:
             raise
         guard.finish(record)
 
-    def _issue_inline(self, run: Callable[[_Context, int], None], record: Record,
+    def _issue_inline(self, run: Callable[[CallContext, int], None], record: Record,
                       async_op: bool,
                       result: torch.Tensor) -> tuple[Any, list[tuple[str, str]]]:
         """CUDA: ``run`` on the caller's current stream (no stage streams to join).
@@ -335,8 +336,8 @@ class Communicator:
             fut.set_result(t)
         return fut, ends
 
-    def _ctx(self, record: Record) -> _Context:
-        return _Context(self._res, record)
+    def _ctx(self, record: Record) -> CallContext:
+        return CallContext(self._res, record)
 
     def _watch(self, record: Record, ends: list[tuple[str, str]]) -> None:
         """Hand the issued call to the watchdog: one fresh event per stream it used
@@ -386,18 +387,6 @@ class Communicator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _Context:
-    """What pipeline functions need from a communicator, for one call."""
-
-    def __init__(self, res: Resources, record: Record) -> None:
-        self.topo, self.transport, self.sync, self.buffers, self.kernels = \
-            res.topo, res.transport, res.sync, res.buffers, res.kernels
-        self.rank_order, self.divisors = res.rank_order, res.divisors
-        self.op_number = record.op_number
-        self.record = record
-        self.wire: torch.dtype | None = None
 
 
 CALLER = "caller"

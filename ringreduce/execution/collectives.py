@@ -20,15 +20,18 @@ local and bandwidth-bound. Both run on the caller's stream.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ringreduce.execution.add import finish_average
 from ringreduce.execution.pipeline import stage_errors
 
+if TYPE_CHECKING:
+    from ringreduce.execution.context import CallContext
 
-def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op: str, ctx: Any,
+
+def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op: str, ctx: CallContext,
                    stream: int | None) -> None:
     """Unpipelined meaning: output = reduce(op, [input_r.view(N, n)[rank] for every r])."""
     topo, n = ctx.topo, output.numel()
@@ -42,7 +45,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op: str, ctx: Any,
         finish_average(output, topo.world_size, ctx.divisors.get(output.dtype))
 
 
-def all_gather(output: torch.Tensor, input: torch.Tensor, ctx: Any,
+def all_gather(output: torch.Tensor, input: torch.Tensor, ctx: CallContext,
                stream: int | None) -> None:
     """Unpipelined meaning: output.view(N, n)[r] = input_r for every rank r."""
     topo, n = ctx.topo, input.numel()
@@ -55,7 +58,7 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, ctx: Any,
     output.view(topo.world_size, n).index_copy_(0, ctx.rank_order, gathered)
 
 
-def flat_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op: str, ctx: Any,
+def flat_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op: str, ctx: CallContext,
                         stream: int | None) -> None:
     """NCCL's (gloo's) own reduce-scatter over the whole group."""
     with stage_errors(ctx, "flat", input):
@@ -64,7 +67,7 @@ def flat_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op: str, ctx:
         finish_average(output, ctx.topo.world_size, ctx.divisors.get(output.dtype))
 
 
-def flat_all_gather(output: torch.Tensor, input: torch.Tensor, ctx: Any,
+def flat_all_gather(output: torch.Tensor, input: torch.Tensor, ctx: CallContext,
                     stream: int | None) -> None:
     with stage_errors(ctx, "flat", input):
         ctx.transport.all_gather_into("world", input.view(-1), output.view(-1), stream)

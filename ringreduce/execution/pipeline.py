@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +37,9 @@ from ringreduce.plan.layout import SlicePlan
 from ringreduce.plan.schedule import ENTRY, Step
 from ringreduce.plan.topology import Topology
 from ringreduce.safety.flight import FlightRecorder
+
+if TYPE_CHECKING:
+    from ringreduce.execution.context import CallContext
 
 stamp = FlightRecorder.stamp
 
@@ -117,7 +120,7 @@ class SliceIO:
 
 
 def run_steps(steps: Sequence[Step], flat: torch.Tensor, plans: Sequence[SlicePlan],
-              op: str, ctx: Any) -> None:
+              op: str, ctx: CallContext) -> None:
     """Unpipelined meaning, per slice s:
         view = s.as(D, M, k); rs(view); collect(view); add(view); diffuse(view); ag(view)
     ``ctx`` carries topology, transport, sync (streams) and buffers."""
@@ -146,7 +149,7 @@ def run_steps(steps: Sequence[Step], flat: torch.Tensor, plans: Sequence[SlicePl
         stamp(ctx.record, step.stage, step.slice_index, "end")
 
 
-def _run_stage(stage: str, parts: Sequence[Part], op: str, ctx: Any) -> None:
+def _run_stage(stage: str, parts: Sequence[Part], op: str, ctx: CallContext) -> None:
     handle = ctx.sync.handle(stage)
     if stage == "add":
         d, m = ctx.topo.device_index, ctx.topo.machine_index
@@ -166,7 +169,7 @@ def _run_stage(stage: str, parts: Sequence[Part], op: str, ctx: Any) -> None:
         getattr(ctx.transport, stage)(parts, handle)
 
 
-def run_flat(t: torch.Tensor, op: str, ctx: Any) -> None:
+def run_flat(t: torch.Tensor, op: str, ctx: CallContext) -> None:
     """Unpipelined meaning: all_reduce(t, op) over every rank of the group, on the
     flat stream after the entry event (asynchronous calls; their Future records its
     own event there). It leaves ``done`` alone: that marks hierarchical calls only."""
@@ -175,7 +178,7 @@ def run_flat(t: torch.Tensor, op: str, ctx: Any) -> None:
         flat_here(t, op, ctx, ctx.sync.handle(FLAT))
 
 
-def flat_here(t: torch.Tensor, op: str, ctx: Any, stream: int | None) -> None:
+def flat_here(t: torch.Tensor, op: str, ctx: CallContext, stream: int | None) -> None:
     """all_reduce(t, op) on ``stream``, which must be current. Synchronous calls use
     the caller's stream, like ``dist.all_reduce``: at sizes where the flat route is
     taken, host time is the cost, and events plus a stream switch are a third of it."""
@@ -185,14 +188,14 @@ def flat_here(t: torch.Tensor, op: str, ctx: Any, stream: int | None) -> None:
             finish_average(t, ctx.topo.world_size, ctx.divisors.get(t.dtype))
 
 
-def stage_errors(ctx: Any, stage: str, t: torch.Tensor,
+def stage_errors(ctx: CallContext, stage: str, t: torch.Tensor,
                  slice_index: str = "-") -> contextlib.AbstractContextManager[None]:
     """Failures inside ``stage`` become RingReduceError naming the stage's peers."""
     return _errors(ctx, stage, slice_index, ctx.topo.peers(stage), t)
 
 
 @contextlib.contextmanager
-def _errors(ctx: Any, stage: str, slice_index: str, peers: Sequence[int],
+def _errors(ctx: CallContext, stage: str, slice_index: str, peers: Sequence[int],
             t: torch.Tensor) -> Iterator[None]:
     try:
         yield

@@ -23,7 +23,7 @@ import functools
 import importlib
 import struct
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +34,9 @@ from ringreduce.execution.pipeline import run_steps
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import schedule
 from ringreduce.plan.schedule import ENTRY, Cursor
+
+if TYPE_CHECKING:
+    from ringreduce.execution.context import CallContext
 
 _INSTR = struct.Struct("<9q")
 _ARG = struct.Struct("<2q")
@@ -172,7 +175,7 @@ class RecordedStreams:
 
 
 def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Tensor,
-          op: str, cursor: Cursor, ctx: Any) -> tuple[Any, Cursor]:
+          op: str, cursor: Cursor, ctx: CallContext) -> tuple[Any, Cursor]:
     """(the program of this call, the cursor after it): the plan walked against
     recording collaborators; nothing is issued."""
     topo = res.topo

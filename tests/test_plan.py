@@ -160,3 +160,25 @@ def test_plan_call_is_the_memoised_plan_of_slices_and_steps() -> None:
                                                  layout.PADDING_SLOTS, cursor, "add")
     assert (plans, steps, after) == (want_plans, want_steps, want_after)
     assert schedule.plan_call(1_000_003, 4, 2, 2, 65536, 8, cursor, "add")[1] is steps
+
+
+def test_the_plan_package_imports_only_the_standard_library_and_itself() -> None:
+    """ringreduce/plan is pure (its docstring's rule): no torch, no devices, so the
+    model and these tests reason about a call without them."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    plan = Path(__file__).resolve().parent.parent / "ringreduce" / "plan"
+    for path in plan.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.level == 1, f"{path.name}: from {'.' * node.level}{node.module}"
+                continue
+            if isinstance(node, ast.ImportFrom | ast.Import):
+                names = [node.module] if isinstance(node, ast.ImportFrom) else \
+                    [a.name for a in node.names]
+                for name in names:
+                    top = (name or "").split(".")[0]
+                    assert top in sys.stdlib_module_names or name.startswith(
+                        "ringreduce.plan"), f"{path.name} imports {name}"

@@ -27,12 +27,13 @@ import torch
 import torch.distributed as dist
 
 import ringreduce
-from ringreduce.benchmark import options, references
-from ringreduce.benchmark.launch import Launch, detect, nccl_variables, run_ranks
-from ringreduce.benchmark.measure import Bench, measure, wrong_elements
-from ringreduce.benchmark.profile import host_profile
-from ringreduce.benchmark.report import RunInfo, format_row, header, write_outputs
-from ringreduce.config import host_identity
+
+from ..config import host_identity
+from . import options, references
+from .launch import Launch, detect, nccl_variables, run_ranks
+from .measure import Bench, measure, wrong_elements
+from .profile import host_profile
+from .report import RunInfo, format_row, header, write_outputs
 
 
 def run_sweep(b: Bench, info: RunInfo) -> list[dict[str, Any]]:

@@ -51,8 +51,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
-from ringreduce.benchmark.launch import Launch, detect, nccl_variables, run_ranks
-from ringreduce.integrations.backend import RingReduceGroup
+
+from ..integrations.backend import RingReduceGroup
+from .launch import Launch, detect, nccl_variables, run_ranks
 
 MODES = ("nccl", "hook", "backend")
 

@@ -20,10 +20,11 @@ import torch
 import torch.distributed as dist
 
 import ringreduce
-from ringreduce.benchmark import references
-from ringreduce.benchmark.launch import Launch
-from ringreduce.benchmark.options import WIRES
-from ringreduce.benchmark.references import Pair, Reduce
+
+from . import references
+from .launch import Launch
+from .options import WIRES
+from .references import Pair, Reduce
 
 #: Row key prefixes, in table order: ringreduce, the flat reference, the two-level one.
 IMPLS = ("rr", "ref", "two_level")

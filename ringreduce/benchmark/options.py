@@ -9,7 +9,7 @@ import re
 import torch
 import torch.distributed as dist
 
-from ringreduce.benchmark.launch import Launch
+from .launch import Launch
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG,
        "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ringreduce.benchmark.measure import Bench, inputs
+from .measure import Bench, inputs
 
 
 def host_profile(b: Bench, size: int) -> None:

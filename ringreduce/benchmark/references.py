@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ringreduce.plan.topology import Topology
+from ..plan.topology import Topology
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 """(input, output) of one call; the same tensor twice for the in-place all-reduce."""

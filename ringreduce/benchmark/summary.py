@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ringreduce.benchmark.report import FLAT_NOTE, size_label
+from .report import FLAT_NOTE, size_label
 
 
 def load(paths: list[Path]) -> dict[str, dict[str, Any]]:

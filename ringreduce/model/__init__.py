@@ -9,9 +9,9 @@ results (:mod:`.calibrate`, :mod:`.validate`). ``python -m ringreduce.model --he
 
 from __future__ import annotations
 
-from ringreduce.model.cluster import PRESETS, Cluster
-from ringreduce.model.nccl_cost import link_bound_us, nccl_time_us, ring_time_us, tree_time_us
-from ringreduce.model.simulate import Options, ringreduce_time_us
+from .cluster import PRESETS, Cluster
+from .nccl_cost import link_bound_us, nccl_time_us, ring_time_us, tree_time_us
+from .simulate import Options, ringreduce_time_us
 
 __all__ = ["PRESETS", "Cluster", "Options", "link_bound_us", "nccl_time_us",
            "ring_time_us", "ringreduce_time_us", "tree_time_us"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ringreduce.model.cli import main
+from .cli import main
 
 if __name__ == "__main__":
     main()

@@ -17,10 +17,10 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ringreduce.model.cluster import MEASURED_HOST_CALL_US, MEASURED_HOST_SLICE_US, Cluster
-from ringreduce.model.nccl_cost import nccl_time_us
-from ringreduce.model.results import Sample
-from ringreduce.model.simulate import Options, steady_time_us
+from .cluster import MEASURED_HOST_CALL_US, MEASURED_HOST_SLICE_US, Cluster
+from .nccl_cost import nccl_time_us
+from .results import Sample
+from .simulate import Options, steady_time_us
 
 #: Weight of the pull towards the prior, per cost, in squared log units: a cost moves
 #: freely by a factor of ~2 when the data ask for it, not by 100 when they do not.

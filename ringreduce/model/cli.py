@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ringreduce.model import calibrate, results, validate
-from ringreduce.model.cluster import DEFAULT_PRESET, PRESETS, Cluster
-from ringreduce.model.nccl_cost import link_bound_us, ring_time_us, tree_time_us
-from ringreduce.model.plot import SWEEP
-from ringreduce.model.simulate import Options, ringreduce_time_us
+from . import calibrate, results, validate
+from .cluster import DEFAULT_PRESET, PRESETS, Cluster
+from .nccl_cost import link_bound_us, ring_time_us, tree_time_us
+from .plot import SWEEP
+from .simulate import Options, ringreduce_time_us
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
 
 
 def _plot(args: argparse.Namespace, base: Cluster, o: Options) -> None:
-    from ringreduce.model.plot import plot_speedup  # lazily: only --plot needs matplotlib
+    from .plot import plot_speedup  # lazily: only --plot needs matplotlib
 
     clusters, note = [base], ""
     if args.all_presets:

@@ -26,7 +26,7 @@ rails. NCCL runs the faster of ring and tree, as its tuner does.
 
 from __future__ import annotations
 
-from ringreduce.model.cluster import Cluster, gbps_to_bytes_per_us
+from .cluster import Cluster, gbps_to_bytes_per_us
 
 BASE_LAT_US = 8.4
 NET_OVERHEAD_US = 3.0

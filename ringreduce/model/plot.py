@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ringreduce.model.cluster import Cluster
-from ringreduce.model.nccl_cost import nccl_time_us, ring_time_us
-from ringreduce.model.simulate import Options, ringreduce_time_us
+from .cluster import Cluster
+from .nccl_cost import nccl_time_us, ring_time_us
+from .simulate import Options, ringreduce_time_us
 
 SWEEP = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 

@@ -25,10 +25,10 @@ import functools
 import heapq
 from dataclasses import dataclass
 
-from ringreduce.config import DEFAULT_MIN_BYTES, DEFAULT_STAGING_BYTES, Config
-from ringreduce.model.cluster import Cluster, gbps_to_bytes_per_us
-from ringreduce.model.nccl_cost import nccl_time_us
-from ringreduce.plan import layout, schedule
+from ..config import DEFAULT_MIN_BYTES, DEFAULT_STAGING_BYTES, Config
+from ..plan import layout, schedule
+from .cluster import Cluster, gbps_to_bytes_per_us
+from .nccl_cost import nccl_time_us
 
 #: The link each stage holds while it moves data.
 LINK = {"reduce_scatter": "intra", "all_gather": "intra", "collect": "net",

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ringreduce.model import calibrate, results
-from ringreduce.model.calibrate import Costs
-from ringreduce.model.results import Sample
+from . import calibrate, results
+from .calibrate import Costs
+from .results import Sample
 
 #: The repository's results (this file is ringreduce/model/validate.py in a checkout).
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "benchmarks" / "results"

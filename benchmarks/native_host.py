@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ringreduce
 from ringreduce.benchmark.launch import Launch, run_ranks
-from ringreduce.benchmark.options import parse_size
+from ringreduce.config import parse_size
 
 
 def _cpu_s() -> float:

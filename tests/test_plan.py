@@ -182,3 +182,16 @@ def test_the_plan_package_imports_only_the_standard_library_and_itself() -> None
                     top = (name or "").split(".")[0]
                     assert top in sys.stdlib_module_names or name.startswith(
                         "ringreduce.plan"), f"{path.name} imports {name}"
+
+
+def test_sizes_parse_as_the_command_lines_write_them() -> None:
+    """One parser for the bench's and the model's sizes (config.parse_size)."""
+    import argparse
+
+    from ringreduce.config import parse_size
+
+    assert [parse_size(s) for s in ("4096", "64M", "64mb", "1.5G", " 2K ")] == \
+        [4096, 64 << 20, 64 << 20, 3 << 29, 2048]
+    for bad in ("", "M", "64T", "-1M", "1e6"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"e\.g\. 64M"):
+            parse_size(bad)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 
 import torch
 import torch.distributed as dist
 
+from ..config import parse_size
 from .launch import Launch
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG,
@@ -17,7 +17,6 @@ DTYPES = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloa
           "double": torch.float64, "int32": torch.int32, "int64": torch.int64}
 WIRES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}  # nccl-tests: powers of 1024
 
 #: CPU defaults. 4 gloo ranks on 2 cores take ~10-40 ms per MiB-sized call, so the
 #: default sweep is 2M..8M: every row at or above the default min_bytes (2 MiB), so
@@ -26,15 +25,6 @@ CPU_SIZES = (2 << 20, 8 << 20)
 GPU_SIZES = (1 << 20, 256 << 20)
 CPU_LOOPS = {"iters": 5, "warmup_iters": 2, "rounds": 3}
 GPU_LOOPS = {"iters": 20, "warmup_iters": 5, "rounds": 5}
-
-
-def parse_size(text: str) -> int:
-    """``64M`` -> 67108864, like nccl-tests' -b/-e."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", text, re.IGNORECASE)
-    if not match:
-        raise argparse.ArgumentTypeError(
-            f"size {text!r}: expected an integer with an optional K, M or G suffix, e.g. 64M")
-    return int(match[1]) * _UNITS[match[2].upper()]
 
 
 def build_parser(description: str) -> argparse.ArgumentParser:

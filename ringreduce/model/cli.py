@@ -16,23 +16,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..config import parse_size
 from . import calibrate, results, validate
 from .cluster import DEFAULT_PRESET, PRESETS, Cluster
 from .nccl_cost import link_bound_us, ring_time_us, tree_time_us
 from .plot import SWEEP
 from .simulate import Options, ringreduce_time_us
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """``25M`` -> 26214400 (powers of 1024, as the benchmark's -b/-e)."""
-    t = text.strip().upper().removesuffix("B")
-    unit = t[-1] if t and t[-1] in _UNITS else ""
-    try:
-        return int(float(t[:len(t) - len(unit)]) * _UNITS[unit])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"size {text!r}: expected e.g. 25M or 1G") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

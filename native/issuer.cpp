@@ -605,6 +605,22 @@ const Program* job_args(const State& s, PyObject* args, PyObject** program,
     return p;
 }
 
+// The issuer's context current on the calling thread (e.g. a fresh autograd thread).
+void make_current(State& s) {
+    CUcontext current = nullptr;
+    s.cuda.ctxGetCurrent(&current);
+    if (current != s.ctx) s.cuda.ctxSetCurrent(s.ctx);
+}
+
+// Job seq's entry event, recorded on the caller's stream (CUDA issuers only). Callers
+// release the GIL around it: a launch queue full behind a stuck device blocks this
+// call, and the watchdog (a Python thread) must still run to end it.
+CUresult record_entry(State& s, uint32_t seq, unsigned long long entry_stream, CUevent* entry) {
+    make_current(s);
+    *entry = s.entries[seq % kEntryRing];
+    return s.cuda.eventRecord(*entry, reinterpret_cast<CUstream>(entry_stream));
+}
+
 // submit(program, base, entry_stream) -> seq. Records the job's entry event on
 // entry_stream (0 is the legacy default stream, a real one) and queues the job.
 PyObject* issuer_submit(Issuer* self, PyObject* args) {
@@ -625,15 +641,9 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
         wait_for(s, -1, [&] { return static_cast<int32_t>(seq - kEntryRing - s.issued.load()) <= 0; });
     CUevent entry = nullptr;
     if (s.has_cuda) {
-        CUcontext current = nullptr;
-        s.cuda.ctxGetCurrent(&current);
-        if (current != s.ctx) s.cuda.ctxSetCurrent(s.ctx);  // e.g. a fresh autograd thread
-        entry = s.entries[seq % kEntryRing];
         CUresult r;
-        // Without the GIL: a launch queue full behind a stuck device blocks this call,
-        // and the watchdog (a Python thread) must still run to end it.
         Py_BEGIN_ALLOW_THREADS
-        r = s.cuda.eventRecord(entry, reinterpret_cast<CUstream>(entry_stream));
+        r = record_entry(s, seq, entry_stream, &entry);
         Py_END_ALLOW_THREADS
         if (r) {
             PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "cuEventRecord (entry)").c_str());
@@ -676,13 +686,7 @@ PyObject* issuer_run(Issuer* self, PyObject* args) {
     CUevent entry = nullptr;
     CUresult r = 0;
     Py_BEGIN_ALLOW_THREADS
-    if (s.has_cuda) {
-        CUcontext current = nullptr;
-        s.cuda.ctxGetCurrent(&current);
-        if (current != s.ctx) s.cuda.ctxSetCurrent(s.ctx);
-        entry = s.entries[seq % kEntryRing];
-        r = s.cuda.eventRecord(entry, reinterpret_cast<CUstream>(entry_stream));
-    }
+    if (s.has_cuda) r = record_entry(s, seq, entry_stream, &entry);
     if (!r) run_job(s, Job{program, p, base, seq, entry});
     else {
         std::lock_guard<std::mutex> lock(s.mu);
@@ -735,9 +739,7 @@ PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
         PyErr_SetString(PyExc_RuntimeError, "stream_wait before the job was issued");
         return nullptr;
     }
-    CUcontext current = nullptr;
-    s.cuda.ctxGetCurrent(&current);
-    if (current != s.ctx) s.cuda.ctxSetCurrent(s.ctx);
+    make_current(s);
     CUresult r;
     Py_BEGIN_ALLOW_THREADS  // as in submit: a full launch queue may block here
     r = s.cuda.streamWaitEvent(reinterpret_cast<CUstream>(stream), s.dones[seq % kEntryRing], 0);

@@ -122,7 +122,8 @@ class Completion:
 
 
 class NativeIssuer:
-    """One Communicator's worker thread and its traced programs."""
+    """One Communicator's traced programs and the extension's Issuer that replays them
+    (on the caller's thread, or on its worker thread for native-async)."""
 
     def __init__(self, res: Any, wire: torch.dtype | None, inline: bool = True) -> None:
         module, why = extension()
@@ -146,9 +147,11 @@ class NativeIssuer:
         self._done_handle = self.done.cuda_stream
         self._completer: queue.SimpleQueue[tuple[int, Any, torch.Tensor] | None] = \
             queue.SimpleQueue()
-        self._completer_thread = threading.Thread(target=self._complete, daemon=True,
-                                                  name="ringreduce-native-futures")
-        self._completer_thread.start()
+        self._completer_thread: threading.Thread | None = None
+        if not inline:  # only queued jobs need someone to complete their Futures
+            self._completer_thread = threading.Thread(target=self._complete, daemon=True,
+                                                      name="ringreduce-native-futures")
+            self._completer_thread.start()
         self._index = res.device.index
         self._raw_stream = _raw_stream_lookup()
         self._programs: dict[tuple[Any, ...], tuple[Any, Cursor]] = {}
@@ -171,8 +174,9 @@ class NativeIssuer:
 
     def issue(self, t: torch.Tensor, op: str, async_op: bool, cursor: Cursor,
               make_ctx: Callable[[], Any]) -> tuple[Any, list[tuple[str, Any]], Cursor]:
-        """Queue one hierarchical all_reduce; returns (Future or None, watchdog ends,
-        the cursor after it). Raises at once if the worker already failed."""
+        """Issue (native) or queue (native-async) one hierarchical all_reduce; returns
+        (Future or None, watchdog ends, the cursor after it). Raises at once if the
+        issuer already failed."""
         error = self.worker.error()
         if error is not None:
             raise RingReduceError(self.failure_text())
@@ -182,46 +186,44 @@ class NativeIssuer:
         if entry is None:
             if len(self._programs) >= _PROGRAMS:
                 del self._programs[next(iter(self._programs))]  # the oldest traced
-            entry = self._programs[key] = recording.trace(self.res, self.wire, self.stages,
-                                                                t, op, cursor, make_ctx())
+            entry = self._programs[key] = recording.trace(
+                self.res, self.wire, self.stages, t, op, cursor, make_ctx())
         program, after = entry
         caller = self._raw_stream(self._index)
-        if self.inline:
-            fut, seq = self._run(program, t, async_op, caller)
-            return fut, [(stage, Completion(self, seq)) for stage in self.stages], after
-        seq = self.worker.submit(program, base, caller)
+        if self.inline:  # issued before run() returns: the caller's thread is the issuer
+            seq = self.worker.run(program, base, caller)
+        else:
+            seq = self.worker.submit(program, base, caller)
+            if not async_op:
+                self._wait_issued(seq)  # the host waits for the issue, never for the device
+        if self.inline or not async_op:  # issued by now: a refusal raises from this call
+            self._raise_if_refused(seq)
         done = Completion(self, seq)
         ends = [(stage, done) for stage in self.stages]
         if not async_op:
-            self._wait_issued(seq)  # the host waits for the issue, never for the device
-            error = self.worker.error()
-            if error is not None and error[0] <= seq:  # NCCL refused it: raise as Python does
-                raise RingReduceError(self.failure_text())
             self.worker.stream_wait(caller, seq)
             return None, ends, after
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
         t.record_stream(self.done)  # the done stream is the tensor's last user here
-        self._completer.put((seq, fut, t))
+        if self.inline:
+            self._complete_after(seq, fut, t)
+        else:
+            self._completer.put((seq, fut, t))
         return fut, ends, after
 
-    def _run(self, program: Any, t: torch.Tensor, async_op: bool,
-             caller: int) -> tuple[Any, int]:
-        """Issue on this thread ("native"); (the Future or None, as the Python issuer
-        returns it, and the job's seq). The caller's stream, or the done stream the
-        Future records on, waits for the job's done event."""
-        seq = self.worker.run(program, t.data_ptr(), caller)
+    def _raise_if_refused(self, seq: int) -> None:
+        """An issued job that NCCL or CUDA refused raises from its call, as Python does."""
         error = self.worker.error()
-        if error is not None and error[0] <= seq:  # NCCL refused it: raise as Python does
+        if error is not None and error[0] <= seq:
             raise RingReduceError(self.failure_text())
-        if not async_op:
-            self.worker.stream_wait(caller, seq)
-            return None, seq
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
-        t.record_stream(self.done)  # the done stream is the tensor's last user here
+
+    def _complete_after(self, seq: int, fut: torch.futures.Future[torch.Tensor],
+                        t: torch.Tensor) -> None:
+        """Complete ``fut`` on the done stream after it waited for issued job ``seq``, so
+        ``wait()`` orders the waiter's stream after the result, not after the caller's."""
         self.worker.stream_wait(self._done_handle, seq)
         with torch.cuda.stream(self.done):  # the Future records its event after the wait
             fut.set_result(t)
-        return fut, seq
 
     def _wait_issued(self, seq: int) -> None:
         while not self.worker.wait_issued(seq, _DRAIN_POLL_S):
@@ -242,14 +244,14 @@ class NativeIssuer:
             while not self.worker.wait_issued(seq, _DRAIN_POLL_S):
                 if self.res.guard.failure is not None:
                     break
-            error = self.worker.error()
-            if (error is not None and error[0] <= seq) or \
-                    not self.worker.wait_issued(seq, 0):
-                fut.set_exception(RingReduceError(self.failure_text()))
+            try:
+                if not self.worker.wait_issued(seq, 0):
+                    raise RingReduceError(self.failure_text())
+                self._raise_if_refused(seq)
+            except RingReduceError as exc:
+                fut.set_exception(exc)
                 continue
-            self.worker.stream_wait(self._done_handle, seq)
-            with torch.cuda.stream(self.done):  # the Future records its event after the wait
-                fut.set_result(t)
+            self._complete_after(seq, fut, t)
 
     def failure_text(self) -> str:
         error = self.worker.error()
@@ -279,5 +281,6 @@ class NativeIssuer:
     def close(self) -> None:
         """Issue what is queued (after a failure: flags only), complete every Future."""
         self.worker.close()
-        self._completer.put(None)
-        self._completer_thread.join()
+        if self._completer_thread is not None:
+            self._completer.put(None)
+            self._completer_thread.join()

@@ -16,9 +16,10 @@
 #   soak     SOAK_CALLS random exact calls at 2x2 (loopback), memory flat
 #   dlrm     DDP on NCCL vs the hook vs the backend, capped 2x2 (then 4x2 if time is left)
 #   kernels  the kernel tests, benchmarks/kernel_bench.py, benchmarks/kernel_occupancy.py
-#   native   the native issuer (issue 18): benchmarks/native_host.py (host time and CPU per
-#            25 MiB call, native vs Python issuer vs NCCL, same run) at 2x2 and 4x2 under
-#            MPS; tests/test_native*.py at 2x1 and 2x2 under MPS, the killed peer without
+#   native   the native issuer (issue 18): benchmarks/native_host.py (host time, CPU and wall
+#            per 25 MiB call, native at several slice sizes vs Python issuer vs NCCL, same
+#            run) at 2x2 loopback and capped and 4x2 loopback under MPS;
+#            tests/test_native*.py at 2x1 and 2x2 under MPS, the killed peer without MPS
 #
 # Each suite fits one 9-minute call on one H200 (16 cores): steps run in order, each
 # under its own timeout, and a step that would start past BUDGET_S (default 500 s) is
@@ -146,21 +147,24 @@ kernels)
     > "$W/summary_body.txt" ;;
 native)
   step info 30 python3 -m ringreduce.info
-  host() {  # host TOPOLOGY: native_host.py there, loopback, under MPS (emulate.py's auto)
-    step "host_$1" ${HOST_S:-150} $E --machines "${1%x*}" --gpus-per-machine "${1#*x}" \
-      --mode loopback --script benchmarks/native_host.py -- --size 25M --calls ${HOST_CALLS:-32}
+  host() {  # host TOPOLOGY MODE: native_host.py there, under MPS (emulate.py's auto)
+    local link=(--mode loopback); [ "$2" = capped ] && link=($CAP)
+    step "host_$1_$2" ${HOST_S:-150} $E --machines "${1%x*}" --gpus-per-machine "${1#*x}" \
+      "${link[@]}" --script benchmarks/native_host.py -- --size 25M --calls ${HOST_CALLS:-32} \
+      --slices "${HOST_SLICES-8M,16M,32M}"
   }
-  host 2x2
+  host 2x2 loopback
+  host 2x2 capped
   step native_tests ${TESTS_S:-200} python3 benchmarks/emulate.py --mps-only -- \
     env RINGREDUCE_GPU_TOPOLOGIES=${RINGREDUCE_GPU_TOPOLOGIES:-2x1,2x2} RR_MPS=1 \
     python3 -m pytest tests/test_native.py tests/test_native_cuda.py -k "${TESTS_K-not nothing}" \
     -p no:cacheprovider -v -rs
-  host 4x2
+  host 4x2 loopback
   step native_killed_2x1 120 python3 -m pytest tests/test_native_cuda.py -k killed \
     -p no:cacheprovider -v -rs -s
   { pytest_summary "$W/native_tests.log" "$W/native_killed_2x1.log"; grep -h "issuer" "$W/info.log"
     for f in "$W"/host_*.log; do echo "== $(basename "$f" .log)"
-      grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python) (sync|async)" "$f"; done
+      grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python)[/0-9M]* (sync|async)" "$f"; done
   } > "$W/summary_body.txt" ;;
 esac
 

@@ -57,8 +57,9 @@ def idle_host_us(call: Callable[[], object], samples: int, device: torch.device)
 
 
 def stream_cost(call: Callable[[], object], calls: int,
-                device: torch.device) -> tuple[float, float, float]:
-    """(host us per call, CPU ms per call, busy cores) over back-to-back calls."""
+                device: torch.device) -> tuple[float, float, float, float]:
+    """(host us per call, CPU ms per call, busy cores, wall ms per call) over
+    back-to-back calls."""
     torch.cuda.synchronize(device)
     dist.barrier()
     cpu, wall = _cpu_s(), time.perf_counter()
@@ -69,17 +70,27 @@ def stream_cost(call: Callable[[], object], calls: int,
         host += time.perf_counter() - start
     torch.cuda.synchronize(device)
     cpu, wall = _cpu_s() - cpu, time.perf_counter() - wall
-    return host / calls * 1e6, cpu / calls * 1e3, cpu / wall
+    return host / calls * 1e6, cpu / calls * 1e3, cpu / wall, wall / calls * 1e3
+
+
+def build_comms(machines: int | None,
+                slices: list[int]) -> dict[str, ringreduce.Communicator]:
+    """The native issuer at the default slice size and at each of ``slices``, then the
+    Python issuer at the default."""
+    wanted = [("native", None)] + [("native", s) for s in slices] + [("python", None)]
+    comms = {}
+    for issuer, slice_bytes in wanted:
+        os.environ["RINGREDUCE_ISSUER"] = issuer  # read once, at construction (config.py)
+        name = issuer if slice_bytes is None else f"{issuer}/{slice_bytes >> 20}M"
+        comms[name] = ringreduce.Communicator(machines=machines, slice_bytes=slice_bytes)
+        assert comms[name].describe().endswith(f"issuer={issuer}"), comms[name].describe()
+    return comms
 
 
 def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
-              machines: int | None) -> None:
+              machines: int | None, slices: list[int]) -> None:
     n = size // 4
-    comms = {}
-    for issuer in ("native", "python"):
-        os.environ["RINGREDUCE_ISSUER"] = issuer  # read once, at construction (config.py)
-        comms[issuer] = ringreduce.Communicator(machines=machines)
-        assert comms[issuer].describe().endswith(f"issuer={issuer}"), comms[issuer].describe()
+    comms = build_comms(machines, slices)
     base = ((torch.arange(n, device=device) * 7 + launch.rank * 3) % 11 - 5).float()
     reference = base.clone()
     dist.all_reduce(reference)
@@ -131,11 +142,15 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
         world = dist.get_world_size()
         print(f"# {torch.cuda.get_device_name(device)}, {world} ranks, {size} bytes fp32, "
               f"{calls} samples; host_idle: median host time on an idle pipeline; "
-              f"stream: {calls} back-to-back calls (host per call, CPU per call, busy cores)")
-        print(f"{'way':<16} {'host_idle_us':>13} {'stream_host_us':>15} {'cpu_ms_call':>12} "
-              f"{'busy_cores':>11}")
-        for name, (idle, host, cpu, cores) in rows.items():
-            print(f"{name:<16} {idle:>13.1f} {host:>15.1f} {cpu:>12.2f} {cores:>11.2f}")
+              f"stream: {calls} back-to-back calls (host per call, CPU per call, busy cores, "
+              f"wall per call; speed = NCCL's wall / this way's, same mode)")
+        print(f"{'way':<20} {'host_idle_us':>13} {'stream_host_us':>15} {'cpu_ms_call':>12} "
+              f"{'busy_cores':>11} {'wall_ms_call':>13} {'speed':>6}")
+        for name, (idle, host, cpu, cores, wall) in rows.items():
+            mode = name.rsplit(" ", 1)[1]
+            speed = rows[f"nccl {mode}"][4] / wall
+            print(f"{name:<20} {idle:>13.1f} {host:>15.1f} {cpu:>12.2f} {cores:>11.2f} "
+                  f"{wall:>13.2f} {speed:>6.2f}")
 
 
 def main() -> None:
@@ -143,13 +158,15 @@ def main() -> None:
     p.add_argument("--machines", type=int, default=None, help="(emulate.py passes it)")
     p.add_argument("--size", type=parse_size, default=25 * 2**20)
     p.add_argument("--calls", type=int, default=32)
+    p.add_argument("--slices", type=lambda v: [parse_size(x) for x in v.split(",") if x],
+                   default=[], help="also the native issuer at these slice sizes, e.g. 8M,16M")
     args = p.parse_args()
     if "NCCL_HOSTID" in os.environ and "RANK" in os.environ:
         # Ranks sharing one GPU need a host id each (NCCL refuses a duplicate GPU per
         # host, FINDINGS.md "One GPU, many ranks"); the machines come from --machines.
         os.environ["NCCL_HOSTID"] += f"-rank{os.environ['RANK']}"
     run_ranks(lambda launch, device: rank_body(launch, device, args.size, args.calls,
-                                               args.machines))
+                                               args.machines, args.slices))
 
 
 if __name__ == "__main__":

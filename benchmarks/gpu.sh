@@ -23,7 +23,7 @@
 #
 # Each suite fits one 9-minute call on one H200 (16 cores): steps run in order, each
 # under its own timeout, and a step that would start past BUDGET_S (default 500 s) is
-# skipped and listed as such. Each writes $OUT/<suite>/ with at most 4 files:
+# skipped and listed as such (SKIP='name|name' skips named steps). Each writes $OUT/<suite>/ with at most 4 files:
 # summary.txt (also printed last), <suite>.json and <suite>.png where the suite has
 # tables, and logs.tar.gz (every full log, JSON and plot). Carry .whl/ (the nccl4py
 # wheel) and .iproute/ (benchmarks/fetch_iproute.sh). No GPU setting is changed.
@@ -56,6 +56,7 @@ STATUS="$W/status.txt"; : > "$STATUS"
 step() {
   local name=$1 limit=$2; shift 2
   local left=$((BUDGET_S - (SECONDS - START)))
+  if [[ -n "${SKIP:-}" && "$name" =~ ^(${SKIP})$ ]]; then echo "$name: skipped (SKIP)" | tee -a "$STATUS"; return; fi
   if [ "$left" -lt 30 ]; then echo "$name: skipped (budget spent)" | tee -a "$STATUS"; return; fi
   [ "$limit" -gt "$left" ] && limit=$left
   echo "### $name ($(date -u +%T), limit ${limit}s): $*" > "$W/$name.log"

@@ -6,7 +6,7 @@
 #   tests    the GPU tests but the fault tests (pytest -m gpu -k "not fault"; TESTS_K) under
 #            a private CUDA MPS daemon with
 #            RINGREDUCE_GPU_TOPOLOGIES=2x1,2x2,4x2 RR_MPS=1 for them to read, then the torch
-#            suite driver (python -m tests.torch_suite --device cuda) when it exists
+#            suite driver (python -m tests.torch_suite --device cuda; SUITE_K: a case regex)
 #   perf     capped 10 Gbit/s 2x2, 4x1, 4x2 (1M-256M by 4x, 16 x 25M buckets), loopback 2x2,
 #            then bf16 wire capped 2x2, 4x2, 4x1 (16M-256M); on >= 2 GPUs the faithful
 #            capped 2x2 too. Every table against both references (flat NCCL, two-level).
@@ -81,7 +81,7 @@ tests)
   # deadline): the faults suite runs them at every topology, with the capped link cut.
   step info 30 python3 -m ringreduce.info
   step gpu_tests ${TESTS_S:-330} python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
-    python3 -m pytest -m gpu tests -k "${TESTS_K-not fault}" -p no:cacheprovider -v -rs --durations=15
+    python3 -m pytest -m gpu tests -k "${TESTS_K-not fault}" -p no:cacheprovider -v -rs -s --durations=15
   step gpu_faults_2x1 ${FAULTS_S:-150} python3 benchmarks/emulate.py --mps-only -- \
     env RINGREDUCE_GPU_TOPOLOGIES=2x1 RR_MPS=1 python3 -m pytest -m gpu tests -k fault \
     -p no:cacheprovider -v -rs -s
@@ -90,7 +90,8 @@ tests)
   suite_s=${SUITE_S:-150}; left=$((BUDGET_S - (SECONDS - START) - 20))
   [ "$left" -lt "$suite_s" ] && suite_s=$left
   step torch_suite "$suite_s" python3 benchmarks/emulate.py --mps-only -- \
-    python3 -m tests.torch_suite --device cuda --jobs 4 --time-limit $((suite_s > 70 ? suite_s - 30 : 40))
+    python3 -m tests.torch_suite --device cuda --jobs ${SUITE_JOBS:-4} --logs "$W/torch_suite" \
+    ${SUITE_K:+-k "$SUITE_K"} --time-limit $((suite_s > 70 ? suite_s - 30 : 40))
   { pytest_summary "$W/gpu_tests.log" "$W/gpu_faults_2x1.log"
     grep -h "^\[fault" "$W/gpu_faults_2x1.log"
     [ -f "$W/torch_suite.log" ] && tail -15 "$W/torch_suite.log"; } > "$W/summary_body.txt" ;;

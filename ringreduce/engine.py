@@ -25,7 +25,7 @@ from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import collectives
 from ringreduce.execution.context import CallContext
-from ringreduce.execution.pipeline import flat_here, run_flat, run_steps
+from ringreduce.execution.pipeline import flat_here, run_flat, run_waves
 from ringreduce.execution.resources import Resources, build_resources, group_store
 from ringreduce.execution.streams import FLAT
 from ringreduce.plan import schedule
@@ -259,11 +259,11 @@ class Communicator:
         res.sync.enter()
         topo = res.topo
         ctx.wire = self._wire if t.dtype == torch.float32 else None
-        plans, steps, self._cursor = schedule.plan_call(
+        plans, waves, self._cursor = schedule.plan_waves(
             t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
             res.slice_bytes, res.staging_slots, self._cursor,
-            "add" if ctx.wire is None else "diffuse")
-        run_steps(steps, t.view(-1), plans, op, ctx)
+            "add" if ctx.wire is None else "diffuse", res.wave_groups)
+        run_waves(waves, t.view(-1), plans, op, ctx)
         return schedule.active_stages(topo.devices_per_machine)[-1]
 
     def _issue_cuda(self, t: torch.Tensor, op: str, async_op: bool,

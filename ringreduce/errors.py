@@ -11,6 +11,9 @@ class RingReduceError(RuntimeError):
     ``ValueError``/``TypeError`` instead, before any communication.
     """
 
+    stage: str | None = None
+    """The stage it names, once stage_error built it (an outer handler keeps it)."""
+
 
 def stage_error(stage: str, rank: int | None, where: str, peers: object,
                 cause: object) -> RingReduceError:
@@ -19,5 +22,7 @@ def stage_error(stage: str, rank: int | None, where: str, peers: object,
     (e.g. "operation #7 (all_reduce of 1024 x torch.float32)"); ``rank`` None when the
     reporter does not know it."""
     on = "" if rank is None else f" on rank {rank}"
-    return RingReduceError(f"ringreduce stage '{stage}' failed{on} in {where}, "
-                           f"peers (group ranks) {list(peers)}: {cause}")
+    error = RingReduceError(f"ringreduce stage '{stage}' failed{on} in {where}, "
+                            f"peers (group ranks) {list(peers)}: {cause}")
+    error.stage = stage
+    return error

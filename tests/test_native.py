@@ -22,7 +22,7 @@ from ringreduce import info
 from ringreduce.config import Config
 from ringreduce.execution import kernels, native, recording
 from ringreduce.execution.kernels import Kernels
-from ringreduce.execution.pipeline import Buffers, run_steps
+from ringreduce.execution.pipeline import Buffers, run_waves
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import layout, schedule, topology
 
@@ -252,8 +252,8 @@ def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
     topo, buffers, real, slots = _communicator_parts(rank, machines, devices)
     t = torch.arange(numel, dtype=torch.float32)
     reader = "add" if wire is None else "diffuse"
-    plans, steps, _ = schedule.plan_call(numel, 4, devices, machines, SLICE, slots,
-                                         schedule.Cursor(), reader)
+    plans, waves, _ = schedule.plan_waves(numel, 4, devices, machines, SLICE, slots,
+                                          schedule.Cursor(), reader, True)
     stages = schedule.active_stages(devices)
     rec = recording.Recorder(t.data_ptr(), numel * 4, stages)
     if real_kernels:
@@ -267,19 +267,21 @@ def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
                           transport=NcclTransport(topo, comms, 1.0, True,
                                                   kernels if real_kernels else None,
                                                   calls=recording.RecordedNccl(rec)))
-    run_steps(steps, t, plans, "sum", ctx)
+    run_waves(waves, t, plans, "sum", ctx)
     rec.emit("write_flag")
-    return rec, plans, steps, t
+    return rec, plans, waves, t
 
 
 @built
 def test_a_traced_call_is_the_plans_operations_and_independent_of_the_tensors_address() -> None:
     numel = 5 * 1024 + 7  # several 4 KiB slices, the last with a 3-element tail
-    rec, plans, steps, first = _trace(numel, rank=0)
+    rec, plans, waves, first = _trace(numel, rank=0)
+    steps = [s for wave in waves for s in wave]
     counts = rec.program().counts()
-    assert plans[-1].k and plans[-1].tail == 3
+    assert plans[-1].k and plans[-1].tail == 3 and len(plans) > 2
     parts = len(plans) + 1  # every slice's body, and the padding slot on the last one
-    assert counts["group_start"] == counts["group_end"] == 4 * len(plans)  # rs co di ag
+    # one NCCL group per wave (rs co di ag of up to four slices), not one per stage
+    assert counts["group_start"] == counts["group_end"] == len(waves) == len(plans) + 4
     assert counts["reduce_scatter"] == counts["all_gather"] == counts["launch"] == parts
     assert counts["send"] == counts["recv"] == 2 * parts  # collect and diffuse, one peer
     assert counts["memcpy"] == 2 and counts["write_flag"] == 1  # tail in and out

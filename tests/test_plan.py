@@ -195,3 +195,36 @@ def test_sizes_parse_as_the_command_lines_write_them() -> None:
     for bad in ("", "M", "64T", "-1M", "1e6"):
         with pytest.raises(argparse.ArgumentTypeError, match=r"e\.g\. 64M"):
             parse_size(bad)
+
+
+def _seen(order: list[list[schedule.Step]]) -> dict[tuple[int, str, str], tuple[int, str] | None]:
+    """For each (slice, stage, event) wait: which step's record it sees, when each group
+    enqueues all its waits, then all its records (how the step loop issues a wave)."""
+    latest: dict[str, tuple[int, str]] = {}
+    seen: dict[tuple[int, str, str], tuple[int, str] | None] = {}
+    for group in order:
+        for s in group:
+            for w in s.waits:
+                seen[(s.slice_index, s.stage, w)] = latest.get(w)
+        for s in group:
+            for r in s.records:
+                latest[r] = (s.slice_index, s.stage)
+    return seen
+
+
+@pytest.mark.parametrize("devices,slots,reader", [(2, 8, "add"), (2, 1, "add"),
+                                                  (2, 2, "diffuse"), (1, 3, "add"),
+                                                  (4, 1, "diffuse")])
+def test_waves_see_the_records_that_slice_major_order_sees(devices: int, slots: int,
+                                                           reader: str) -> None:
+    steps, _ = schedule.plan_steps(9, True, devices, staging_slots=slots, padding_slots=2,
+                                   cursor=schedule.Cursor(), slot_reader=reader)
+    waves = schedule.waves(steps)
+    assert sorted(steps, key=id) == sorted((s for w in waves for s in w), key=id)  # each once
+    assert _seen([[s] for s in steps]) == _seen([list(w) for w in waves])
+    for stage in schedule.active_stages(devices):  # a stream's steps keep slice order
+        on = [s.slice_index for w in waves for s in w if s.stage == stage]
+        assert on == sorted(on) and len(set(on)) == len(on)
+    if slots >= 4:  # the pipeline's full width: one wave per slice, plus its depth
+        assert len(waves) == 9 + len(schedule.active_stages(devices)) - 1
+    assert schedule.waves(steps, grouped=False) == tuple((s,) for s in steps)

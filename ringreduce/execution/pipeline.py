@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ringreduce.errors import stage_error
+from ringreduce.errors import RingReduceError, stage_error
 from ringreduce.execution.add import add, add_wire, finish_average
 from ringreduce.execution.streams import FLAT
 from ringreduce.execution.transport import Part
 from ringreduce.plan import schedule
 from ringreduce.plan.layout import SlicePlan
-from ringreduce.plan.schedule import ENTRY, Step
+from ringreduce.plan.schedule import ENTRY, Step, Wave
 from ringreduce.plan.topology import Topology
 from ringreduce.safety.flight import FlightRecorder
 
@@ -119,34 +119,86 @@ class SliceIO:
             sync.copy(stage, self.tail, self.pad.view.view(-1)[:self.tail.numel()])
 
 
-def run_steps(steps: Sequence[Step], flat: torch.Tensor, plans: Sequence[SlicePlan],
+def run_waves(waves: Sequence[Wave], flat: torch.Tensor, plans: Sequence[SlicePlan],
               op: str, ctx: CallContext) -> None:
     """Unpipelined meaning, per slice s:
         view = s.as(D, M, k); rs(view); collect(view); add(view); diffuse(view); ag(view)
-    ``ctx`` carries topology, transport, sync (streams) and buffers."""
+    ``ctx`` carries topology, transport, sync (streams) and buffers. Each wave enqueues
+    its steps' waits, then their operations (the NCCL ones as one group), then their
+    records (schedule.waves says why that order)."""
     stages = schedule.active_stages(ctx.topo.devices_per_machine)
-    # NCCL calls and native kernels take their stream explicitly; only torch ops (tail
-    # copies; without cupy the add and the wire casts) need it current, and entering a
-    # torch stream context costs host time on every step.
-    torch_ops = ctx.kernels is None
     ios: dict[int, SliceIO] = {}
-    for step in steps:
-        io = ios.get(step.slice_index)
-        if io is None:
-            io = ios[step.slice_index] = SliceIO(flat, plans[step.slice_index], step,
-                                                 ctx.buffers, ctx.wire)
-        ctx.sync.wait(step.stage, step.waits)
-        stamp(ctx.record, step.stage, step.slice_index, "start")
-        on_stream = ctx.sync.on(step.stage) if torch_ops or io.pad is not None else _NO_STREAM
-        with on_stream, stage_errors(ctx, step.stage, flat, str(step.slice_index)):
+    for wave in waves:
+        todo = [(step, _io(ios, step, flat, plans, ctx)) for step in wave]
+        for step, _ in todo:
+            ctx.sync.wait(step.stage, step.waits)
+            stamp(ctx.record, step.stage, step.slice_index, "start")
+        _issue_wave(todo, stages, flat, op, ctx)
+        for step, _ in todo:
+            if step.stage == stages[-1]:
+                del ios[step.slice_index]
+            ctx.sync.record(step.stage, step.records)
+            stamp(ctx.record, step.stage, step.slice_index, "end")
+
+
+def _io(ios: dict[int, SliceIO], step: Step, flat: torch.Tensor,
+        plans: Sequence[SlicePlan], ctx: CallContext) -> SliceIO:
+    io = ios.get(step.slice_index)
+    if io is None:
+        io = ios[step.slice_index] = SliceIO(flat, plans[step.slice_index], step,
+                                             ctx.buffers, ctx.wire)
+    return io
+
+
+def _issue_wave(todo: Sequence[tuple[Step, SliceIO]], stages: Sequence[str],
+                flat: torch.Tensor, op: str, ctx: CallContext) -> None:
+    """The wave's operations in three phases: what precedes the NCCL kernels on their
+    streams (tail copies in, wire narrowing) and the add kernels; the NCCL operations of
+    every other stage as one group (nothing but NCCL inside it: a group defers NCCL's
+    launches to its end, not CUDA's); what must follow them (wire widening, tail copies
+    back). A failure names its step, or every stage of the group."""
+    grouped = [step.stage for step, _ in todo if step.stage != "add"]
+    for step, io in todo:
+        with _on_step(ctx, step, io, flat):
             if step.stage == stages[0]:
                 io.copy_in(ctx.sync, step.stage)
-            _run_stage(step.stage, io.parts, op, ctx)
+            if step.stage == "add":
+                _run_stage(step.stage, io.parts, op, ctx)
+            else:
+                ctx.transport.prepare(step.stage, io.parts, ctx.sync.handle(step.stage))
+    with _wave_errors(ctx, grouped, todo, flat), ctx.transport.group(grouped):
+        for step, io in todo:
+            if step.stage != "add":
+                with stage_errors(ctx, step.stage, flat, str(step.slice_index)):
+                    _run_stage(step.stage, io.parts, op, ctx)
+    for step, io in todo:
+        with _on_step(ctx, step, io, flat):
+            ctx.transport.finish(step.stage, io.parts, ctx.sync.handle(step.stage))
             if step.stage == stages[-1]:
                 io.copy_out(ctx.sync, step.stage)
-                del ios[step.slice_index]
-        ctx.sync.record(step.stage, step.records)
-        stamp(ctx.record, step.stage, step.slice_index, "end")
+
+
+@contextlib.contextmanager
+def _on_step(ctx: CallContext, step: Step, io: SliceIO, flat: torch.Tensor) -> Iterator[None]:
+    """Torch ops of ``step`` on its stream, failures named after it. NCCL calls and
+    native kernels take their stream explicitly; only torch ops (tail copies; without
+    cupy the add and the wire casts) need it current, and entering a torch stream
+    context costs host time on every step."""
+    torch_ops = ctx.kernels is None or io.pad is not None
+    with ctx.sync.on(step.stage) if torch_ops else _NO_STREAM, \
+            stage_errors(ctx, step.stage, flat, str(step.slice_index)):
+        yield
+
+
+def _wave_errors(ctx: CallContext, grouped: Sequence[str],
+                 todo: Sequence[tuple[Step, SliceIO]],
+                 t: torch.Tensor) -> contextlib.AbstractContextManager[None]:
+    """Failures of the group itself (ncclGroupEnd) name all its stages and peers."""
+    if not grouped:
+        return _NO_STREAM
+    peers = sorted({p for stage in grouped for p in ctx.topo.peers(stage)})
+    slices = ",".join(str(step.slice_index) for step, _ in todo if step.stage != "add")
+    return _errors(ctx, "+".join(grouped), slices, peers, t)
 
 
 def _run_stage(stage: str, parts: Sequence[Part], op: str, ctx: CallContext) -> None:
@@ -202,6 +254,8 @@ def _errors(ctx: CallContext, stage: str, slice_index: str, peers: Sequence[int]
     except (ValueError, TypeError, AssertionError):
         raise
     except Exception as exc:
+        if isinstance(exc, RingReduceError) and exc.stage is not None:
+            raise  # an inner step already named its stage
         raise stage_error(
             stage, ctx.topo.rank,
             f"operation #{ctx.op_number} (slice {slice_index}, tensor of {t.numel()} x "

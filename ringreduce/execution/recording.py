@@ -1,11 +1,11 @@
 """Recording: a call's CUDA and NCCL work, traced once into a native program.
 
-The Python issuer (pipeline.run_steps) already makes exactly the right CUDA and NCCL
+The Python issuer (pipeline.run_waves) already makes exactly the right CUDA and NCCL
 calls; what costs is making ~100 of them from Python. So the same walk runs once per
 plan key (numel, dtype, op, slot cursor, base alignment) against *recording*
 collaborators:
 
-  pipeline.run_steps --sync-->      RecordedStreams   wait/record events, tail copies
+  pipeline.run_waves --sync-->      RecordedStreams   wait/record events, tail copies
                      --transport--> NcclTransport(calls=RecordedNccl)  NCCL groups
                      --kernels-->   Kernels copy with ``emit`` set      kernel launches
 
@@ -30,7 +30,7 @@ import torch
 
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import nccl
-from ringreduce.execution.pipeline import run_steps
+from ringreduce.execution.pipeline import run_waves
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import schedule
 from ringreduce.plan.schedule import ENTRY, Cursor
@@ -149,10 +149,10 @@ class RecordedStreams:
         self.real, self.rec = real, recorder
 
     def handle(self, stage: str) -> int:
+        self.rec.stage = self.rec.stages.index(stage)  # what the next instructions serve
         return self.real.handle(stage)
 
     def wait(self, stage: str, names: Sequence[str]) -> None:
-        self.rec.stage = self.rec.stages.index(stage)  # each step starts with its waits
         for name in names:
             if name == ENTRY:
                 self.rec.emit("wait_event", self.handle(stage), 0)
@@ -180,10 +180,10 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
     recording collaborators; nothing is issued."""
     topo = res.topo
     ctx.wire = wire if t.dtype == torch.float32 else None
-    plans, steps, after = schedule.plan_call(
+    plans, waves, after = schedule.plan_waves(
         t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
         res.slice_bytes, res.staging_slots, cursor,
-        "add" if ctx.wire is None else "diffuse")
+        "add" if ctx.wire is None else "diffuse", res.wave_groups)
     rec = Recorder(t.data_ptr(), t.numel() * t.element_size(), stages)
     kernels = copy.copy(res.kernels)
     kernels.emit = rec
@@ -192,7 +192,7 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
     transport = res.transport
     ctx.transport = NcclTransport(topo, transport.comms, transport.timeout_s, True,
                                   kernels, calls=RecordedNccl(rec))
-    run_steps(steps, t.view(-1), plans, op, ctx)
+    run_waves(waves, t.view(-1), plans, op, ctx)
     rec.stage = len(stages) - 1
     rec.emit("write_flag")
     return rec.program(), after

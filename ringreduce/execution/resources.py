@@ -75,6 +75,8 @@ class Resources:
     """Calls issued while the caller was capturing a CUDA graph of its own."""
     divisors: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
     """World size as a 0-dim tensor per float dtype, made once: AVG divides by it."""
+    wave_groups: bool = True
+    """Config.wave_groups: one NCCL group per pipeline wave."""
     native: Any = None
     """The native issuer (native.NativeIssuer: a worker thread issues hierarchical CUDA
     calls); None: every call is issued from Python."""
@@ -184,7 +186,8 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
                                                 slice_bytes, config.staging_bytes)
     buffers = Buffers(topo, slot_bytes, slots if topo.machines > 1 else 0,
                       layout.PADDING_SLOTS, device)
-    res = Resources(topo, is_cuda, device, slice_bytes, slots, None, None, buffers)
+    res = Resources(topo, is_cuda, device, slice_bytes, slots, None, None, buffers,
+                    wave_groups=config.wave_groups)
     recorder = FlightRecorder(config.flight_records, rank, config.flight_file)
     res.guard = Guard(store, rank, world, config.timeout_s, recorder)
     res.rank_order = _rank_order(topo, device)

@@ -2,8 +2,10 @@
 
 Both transports move the same bytes between the same ranks; the gloo one exists so
 that slicing, padding and every stage run in CI without a GPU. A stage call takes
-the *parts* of one slice (its body and, on the last slice, its padding slot) and
-moves all of them in one NCCL group.
+the *parts* of one slice (its body and, on the last slice, its padding slot). The
+step loop opens one ``group`` around every stage of a wave (schedule.waves), so
+their NCCL operations are enqueued by one ncclGroupEnd; ``finish`` then does what
+must follow a stage's kernels on its stream.
 
 Per part, on rank (machine m, device d), ``view`` is ``(D, M, k)``:
   reduce_scatter  view[d]    = sum over devices of view[d]          (intra-machine)
@@ -59,19 +61,27 @@ class WireCasts(Protocol):
                    stream: int | None) -> None: ...
 
 
-def collect_sends(p: Part, topo: Topology, others: Sequence[int], casts: WireCasts | None = None,
-                  stream: int | None = None) -> list[torch.Tensor]:
-    """What collect sends to each other machine: view[d][j], narrowed to the wire
-    format first when one is in use (by native/wire.cu when ``casts`` are given)."""
-    d, m = topo.device_index, topo.machine_index
+def collect_sends(p: Part, topo: Topology, others: Sequence[int]) -> list[torch.Tensor]:
+    """What collect sends to each other machine: view[d][j], or its wire-format copy
+    (narrow_collected made it)."""
+    d = topo.device_index
     if p.wire_out is None:
         return [p.view[d][j] for j in others]
+    return list(p.wire_out)
+
+
+def narrow_collected(p: Part, topo: Topology, others: Sequence[int],
+                     casts: WireCasts | None = None, stream: int | None = None) -> None:
+    """With a wire format, before collect: view[d][j] -> wire_out, by native/wire.cu when
+    ``casts`` are given, else by torch copies."""
+    if p.wire_out is None:
+        return
+    d, m = topo.device_index, topo.machine_index
     if casts is not None:
         casts.narrow_rows(p.view[d], p.wire_out, m, stream)
-    else:
-        for i, j in enumerate(others):
-            p.wire_out[i].copy_(p.view[d][j])
-    return list(p.wire_out)
+        return
+    for i, j in enumerate(others):
+        p.wire_out[i].copy_(p.view[d][j])
 
 
 def diffuse_buffers(p: Part, d: int, m: int,
@@ -114,62 +124,69 @@ class NcclTransport:
         """The communicator of the latest group issued: what the watchdog names when a
         call never returns from NCCL (Resources.stuck_issue)."""
 
-    def _group(self, name: str) -> contextlib.AbstractContextManager[None]:
-        """One NCCL group on communicator ``name``, enqueued when it returns. Blocking
-        communicators return from ncclGroupEnd then (the watchdog bounds the wait when
-        it connects to a peer); non-blocking ones are polled here, to the deadline,
-        before any event follows the work."""
-        self.stage = name
-        return self.calls.group_ready([] if self.blocking else [self.comms[name]],
-                                time.monotonic() + self.timeout_s,
-                                f"ncclGroupEnd on the {name} communicator")
+    def group(self, stages: Sequence[str]) -> contextlib.AbstractContextManager[None]:
+        """One NCCL group over the communicators of ``stages``, enqueued when it
+        returns. Blocking communicators return from ncclGroupEnd then (the watchdog
+        bounds the wait when it connects to a peer); non-blocking ones are polled here,
+        to the deadline, before any event follows the work."""
+        if not stages:
+            return contextlib.nullcontext()
+        self.stage = "+".join(stages)
+        return self.calls.group_ready(
+            [] if self.blocking else [self.comms[s] for s in stages],
+            time.monotonic() + self.timeout_s, f"ncclGroupEnd on the {self.stage} communicators")
 
     def reduce_scatter(self, parts: Sequence[Part], op: str, stream: int) -> None:
         d, comm = self.topo.device_index, self.comms["reduce_scatter"]
-        with self._group("reduce_scatter"):
-            for p in parts:  # in place: recv is the d-th block of send
-                self.calls.reduce_scatter(comm, p.view, p.view[d], op, stream)
+        for p in parts:  # in place: recv is the d-th block of send
+            self.calls.reduce_scatter(comm, p.view, p.view[d], op, stream)
 
     def collect(self, parts: Sequence[Part], stream: int) -> None:
         comm = self.comms["collect"]
-        sends = [collect_sends(p, self.topo, self.others, self.casts, stream) for p in parts]
-        with self._group("collect"):
-            for p, out in zip(parts, sends, strict=True):
-                for i, j in enumerate(self.others):
-                    self.calls.send(comm, out[i], j, stream)
-                    self.calls.recv(comm, p.staging[i], j, stream)
+        sends = [collect_sends(p, self.topo, self.others) for p in parts]
+        for p, out in zip(parts, sends, strict=True):
+            for i, j in enumerate(self.others):
+                self.calls.send(comm, out[i], j, stream)
+                self.calls.recv(comm, p.staging[i], j, stream)
 
     def diffuse(self, parts: Sequence[Part], stream: int) -> None:
         d, m, comm = self.topo.device_index, self.topo.machine_index, self.comms["diffuse"]
-        buffers = [diffuse_buffers(p, d, m, self.others) for p in parts]
-        with self._group("diffuse"):
-            for mine, into in buffers:
-                for i, j in enumerate(self.others):
-                    self.calls.send(comm, mine, j, stream)
-                    self.calls.recv(comm, into[i], j, stream)
-        for p in parts:
-            widen_diffused(p, self.topo, self.others, self.casts, stream)
+        for mine, into in [diffuse_buffers(p, d, m, self.others) for p in parts]:
+            for i, j in enumerate(self.others):
+                self.calls.send(comm, mine, j, stream)
+                self.calls.recv(comm, into[i], j, stream)
 
     def all_gather(self, parts: Sequence[Part], stream: int) -> None:
         d, comm = self.topo.device_index, self.comms["all_gather"]
-        with self._group("all_gather"):
-            for p in parts:  # in place: send is the d-th block of recv
-                self.calls.all_gather(comm, p.view[d], p.view, stream)
+        for p in parts:  # in place: send is the d-th block of recv
+            self.calls.all_gather(comm, p.view[d], p.view, stream)
+
+    def prepare(self, stage: str, parts: Sequence[Part], stream: int) -> None:
+        """Before the group: collect's rows take the wire format."""
+        if stage == "collect":
+            for p in parts:
+                narrow_collected(p, self.topo, self.others, self.casts, stream)
+
+    def finish(self, stage: str, parts: Sequence[Part], stream: int) -> None:
+        """After the group: diffuse's received rows leave the wire format."""
+        if stage == "diffuse":
+            for p in parts:
+                widen_diffused(p, self.topo, self.others, self.casts, stream)
 
     def flat_all_reduce(self, t: torch.Tensor, op: str, stream: int) -> None:
-        with self._group("world"):
+        with self.group(["world"]):
             self.calls.all_reduce(self.comms["world"], t, op, stream)
 
     def reduce_scatter_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor, op: str,
                             stream: int) -> None:
         """recv = block ``rank`` of the reduction of ``send`` over ``comm``'s ranks."""
-        with self._group(comm):
+        with self.group([comm]):
             self.calls.reduce_scatter(self.comms[comm], send, recv, op, stream)
 
     def all_gather_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor,
                         stream: int) -> None:
         """recv = every rank's ``send`` of ``comm``, in its rank order."""
-        with self._group(comm):
+        with self.group([comm]):
             self.calls.all_gather(self.comms[comm], send, recv, stream)
 
 
@@ -201,13 +218,25 @@ class GlooTransport:
             mine, into = diffuse_buffers(p, d, m, self.others)
             moves += [(i, mine, into[i]) for i in range(len(self.others))]
         self._exchange(moves)
-        for p in parts:
-            widen_diffused(p, self.topo, self.others)
 
     def all_gather(self, parts: Sequence[Part], stream: None = None) -> None:
         d = self.topo.device_index
         for p in parts:
             self.all_gather_into("all_gather", p.view[d].clone(), p.view)
+
+    def group(self, stages: Sequence[str]) -> contextlib.AbstractContextManager[None]:
+        """gloo runs each stage to completion: nothing to group."""
+        return contextlib.nullcontext()
+
+    def prepare(self, stage: str, parts: Sequence[Part], stream: None = None) -> None:
+        if stage == "collect":
+            for p in parts:
+                narrow_collected(p, self.topo, self.others)
+
+    def finish(self, stage: str, parts: Sequence[Part], stream: None = None) -> None:
+        if stage == "diffuse":
+            for p in parts:
+                widen_diffused(p, self.topo, self.others)
 
     def flat_all_reduce(self, t: torch.Tensor, op: str, stream: None = None) -> None:
         opts = c10d.AllreduceOptions()

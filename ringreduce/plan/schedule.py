@@ -8,6 +8,13 @@ One event per edge is enough: the host issues slices in order, so every wait on
 ``rs_to_collect`` is enqueued right after the record it must see, before the next
 slice records it again. Slots are different: slice i+S reuses the staging slot of
 slice i, so each slot has its own "free" event.
+
+Steps are issued in *waves* (``waves``): wave w holds the stages that can go together,
+e.g. all_gather of slice w-4 ... reduce_scatter of slice w, and their NCCL operations
+go out as one NCCL group (one ncclGroupEnd for up to four communicators instead of
+one per stage: the group calls were three quarters of a native call's host time). A
+wave enqueues every step's waits, then the group, then every step's records, so a
+step may only wait on events recorded in an *earlier* wave.
 """
 
 from __future__ import annotations
@@ -145,6 +152,52 @@ def event_names(devices: int, staging_slots: int, padding_slots: int) -> tuple[s
     names += [padding_free(p) for p in range(padding_slots)]
     names += [tail(stage) for stage in stages]
     return tuple(names)
+
+
+Wave = tuple[Step, ...]
+
+
+def waves(steps: tuple[Step, ...], grouped: bool = True) -> tuple[Wave, ...]:
+    """The steps (slice-major, as plan_steps makes them) as waves. ``grouped=False``
+    gives one step per wave: a group per stage, in slice-major order.
+
+    Slice-major order is a valid issue order, so it defines what each wait must see:
+    the latest record of that event before it. A step goes into the earliest wave
+    after (1) the waves of those records, (2) its stream's previous step, and (3) no
+    earlier than the waves that still wait on the record it is about to replace
+    (waits come before records inside a wave). Within a wave steps keep slice-major
+    order, so a stream's work and the host's NCCL calls keep one order on every rank."""
+    if not grouped:
+        return tuple((s,) for s in steps)
+    wave_of: list[int] = []
+    recorded: dict[str, int] = {}         # event -> wave of its latest record
+    waiters: dict[str, int] = {}          # event -> latest wave that waits on that record
+    on_stream: dict[str, int] = {}        # stage -> wave of its latest step
+    for step in steps:
+        w = max([recorded[e] + 1 for e in step.waits if e in recorded]
+                + [on_stream[step.stage] + 1 if step.stage in on_stream else 0]
+                + [waiters.get(e, 0) for e in step.records])
+        for e in step.waits:
+            waiters[e] = max(waiters.get(e, 0), w)
+        for e in step.records:
+            recorded[e] = w
+            waiters.pop(e, None)
+        on_stream[step.stage] = w
+        wave_of.append(w)
+    out: list[list[Step]] = [[] for _ in range(max(wave_of, default=-1) + 1)]
+    for step, w in zip(steps, wave_of, strict=True):
+        out[w].append(step)
+    return tuple(tuple(wave) for wave in out if wave)
+
+
+@functools.lru_cache(maxsize=1024)
+def plan_waves(numel: int, itemsize: int, devices: int, machines: int, slice_bytes: int,
+               staging_slots: int, cursor: Cursor, slot_reader: str, grouped: bool,
+               ) -> tuple[tuple[layout.SlicePlan, ...], tuple[Wave, ...], Cursor]:
+    """plan_call with its steps as waves (memoised the same way)."""
+    plans, steps, after = plan_call(numel, itemsize, devices, machines, slice_bytes,
+                                    staging_slots, cursor, slot_reader)
+    return plans, waves(steps, grouped), after
 
 
 @functools.lru_cache(maxsize=1024)

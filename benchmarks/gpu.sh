@@ -166,7 +166,7 @@ native)
     -p no:cacheprovider -v -rs -s
   { pytest_summary "$W/native_tests.log" "$W/native_killed_2x1.log"; grep -h "issuer" "$W/info.log"
     for f in "$W"/host_*.log; do echo "== $(basename "$f" .log)"
-      grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python)[/0-9M]* (sync|async)" "$f"; done
+      grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python)[/0-9A-Za-z]* (sync|async)" "$f"; done
   } > "$W/summary_body.txt" ;;
 esac
 

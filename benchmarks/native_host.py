@@ -3,8 +3,9 @@
     python3 benchmarks/emulate.py --physical-gpus 1 --machines 2 --gpus-per-machine 2 \\
         --mode loopback --script benchmarks/native_host.py -- --size 25M
 
-Every rank builds two Communicators (RINGREDUCE_ISSUER=native, then =python) over the
-same process group, and measures in one run, interleaved per round:
+Every rank builds Communicators (RINGREDUCE_ISSUER=native, then =python; each with one
+NCCL group per pipeline wave and, as ``/stage``, one per stage) over the same process
+group, and measures in one run:
   * host time of one call on an idle pipeline (the caller's time until the call
     returns), synchronous and ``async_op=True``, median of ``--calls`` samples;
   * CPU per call (getrusage of the whole process: every thread, NCCL's proxies and
@@ -75,15 +76,22 @@ def stream_cost(call: Callable[[], object], calls: int,
 
 def build_comms(machines: int | None,
                 slices: list[int]) -> dict[str, ringreduce.Communicator]:
-    """The native issuer at the default slice size and at each of ``slices``, then the
-    Python issuer at the default."""
-    wanted = [("native", None)] + [("native", s) for s in slices] + [("python", None)]
+    """Each issuer with one NCCL group per wave (the default) and, named ``/stage``,
+    one per stage (RINGREDUCE_WAVE_GROUPS=0, the engine before v2); the native issuer
+    also at each of ``slices``."""
+    wanted = [("native", None, True), ("native", None, False)]
+    wanted += [("native", s, True) for s in slices]
+    wanted += [("python", None, True), ("python", None, False)]
     comms = {}
-    for issuer, slice_bytes in wanted:
-        os.environ["RINGREDUCE_ISSUER"] = issuer  # read once, at construction (config.py)
+    for issuer, slice_bytes, waves in wanted:
+        # read once, at construction (config.py)
+        os.environ["RINGREDUCE_ISSUER"] = issuer
+        os.environ["RINGREDUCE_WAVE_GROUPS"] = "1" if waves else "0"
         name = issuer if slice_bytes is None else f"{issuer}/{slice_bytes >> 20}M"
+        name += "" if waves else "/stage"
         comms[name] = ringreduce.Communicator(machines=machines, slice_bytes=slice_bytes)
         assert comms[name].describe().endswith(f"issuer={issuer}"), comms[name].describe()
+    del os.environ["RINGREDUCE_WAVE_GROUPS"]
     return comms
 
 

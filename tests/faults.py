@@ -45,10 +45,15 @@ def report(fault: str, rank: int, exc: BaseException, limit_s: float,
     return since
 
 
-def meet(key: str, count: int) -> None:
-    """Wait until ``count`` ranks added 1 to ``key``."""
+def meet(key: str, count: int, timeout_s: float = 120.0) -> None:
+    """Wait until ``count`` ranks added 1 to ``key``; fail after ``timeout_s`` (a rank
+    that died instead must fail the test with every rank's report, not hang it)."""
     store().add(key, 1)
-    while store().add(key, 0) < count:
+    deadline = time.monotonic() + timeout_s
+    while (arrived := store().add(key, 0)) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"only {arrived} of {count} ranks reached {key!r} "
+                                 f"within {timeout_s} s")
         time.sleep(0.02)
 
 

@@ -59,7 +59,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
     if reports:
         raise AssertionError("\n".join(f"rank {r} failed:\n{tb}" for r, tb in sorted(reports)))
     if hung:
-        raise AssertionError(f"ranks {hung} did not finish within {timeout} s")
+        ended = {rank: p.exitcode for rank, p in enumerate(procs) if rank not in hung}
+        raise AssertionError(f"ranks {hung} did not finish within {timeout} s; the others "
+                             f"ended with exit codes {ended}")
     want = expect_exit or {}
     bad = [(rank, p.exitcode) for rank, p in enumerate(procs) if p.exitcode != want.get(rank, 0)]
     if bad:

@@ -263,7 +263,7 @@ def _mismatch_worker(rank: int, world: int, what: str, debug: bool) -> None:
         comm.close()
     else:
         assert "RINGREDUCE_TIMEOUT" in str(info.value) or "NCCL" in str(info.value)
-        faults.meet("raised", world)
+        faults.meet("raised", world, DEADLINE + SLACK)
         faults.carry_on(rank, range(world), SMALL[0], dev)
     _leave()
 

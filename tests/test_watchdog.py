@@ -1,17 +1,21 @@
 """The watchdog on the CPU: completion flags stand in for CUDA events, a callable for
-NCCL's async error. Also nccl.py's non-blocking polling helpers over a fake binding."""
+NCCL's async error. Also the nccl package's non-blocking polling helpers over a fake
+binding, and that no other module imports nccl4py."""
 
 from __future__ import annotations
 
+import ast
 import enum
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import nccl
+from ringreduce.execution.nccl import library
 from ringreduce.safety.watchdog import Issue, Watchdog
 
 POLL = 0.01  # fast polls keep each test well under a second
@@ -291,7 +295,7 @@ def test_bad_settings_are_caller_mistakes() -> None:
         Watchdog(1, async_error=lambda: None, on_failure=lambda e: None, poll_s=0)
 
 
-# --- nccl.py's non-blocking helpers over a fake binding --------------------------------
+# --- the nccl package's non-blocking helpers over a fake binding -----------------------
 
 class _Result(enum.IntEnum):
     Success = 0
@@ -324,8 +328,8 @@ class _Comm:
 
 
 def _fake(monkeypatch: pytest.MonkeyPatch, *states: int) -> None:
-    monkeypatch.setattr(nccl, "_core", object())  # _require() passes without nccl4py
-    monkeypatch.setattr(nccl, "_raw", _FakeRaw(*states))
+    monkeypatch.setattr(library, "core", object())  # require() passes without nccl4py
+    monkeypatch.setattr(library, "raw", _FakeRaw(*states))
 
 
 def test_async_error_ignores_success_and_in_progress(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -400,3 +404,18 @@ def test_blocking_finalize_destroys_once_finished_and_reports_errors() -> None:
     with pytest.raises(RingReduceError, match="ncclCommFinalize: ncclInternalError"):
         nccl.finalize_and_destroy(broken, time.monotonic() + 2.0, blocking=True)
     assert broken.calls == ["finalize", "abort"]
+
+
+def test_only_the_nccl_package_imports_nccl4py() -> None:
+    """Every NCCL call stays in ringreduce/execution/nccl/ (the binding's one home);
+    everything else goes through it."""
+    package = Path(nccl.__file__).parent
+    importers = []
+    for path in Path(nccl.__file__).parents[2].rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom)
+                     and node.level == 0 else [])
+            if any(n == "nccl" or n.startswith("nccl.") for n in names):
+                importers.append(path)
+    assert importers and all(p.parent == package for p in importers), importers

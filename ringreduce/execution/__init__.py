@@ -1,10 +1,12 @@
 """Execution: turning a plan into work on streams, NCCL communicators and kernels.
 
-``resources`` builds a Communicator's communicators, streams, events, buffers and
-watchdog; ``pipeline`` walks a call's steps on the named stage streams; ``transport``
-issues each stage over NCCL (``nccl``, the only module that calls NCCL from Python) or
-gloo; ``add`` and ``kernels`` run the add stage (torch ops, or native/*.cu via cupy);
-``graphs`` captures and replays calls; ``native`` records a call once and replays it
-from C++ (native/issuer.cpp); ``collectives`` builds reduce-scatter and all-gather from
-the same stages.
+``resources`` builds a Communicator's streams, events, buffers and watchdog, and
+``cuda_setup`` its NCCL communicators (and closes or aborts them); ``issue`` turns a
+checked call into work (CUDA issue, graph replay, the native issuer, the CPU worker,
+Futures); ``pipeline`` walks a call's steps on the named stage streams; ``transport``
+issues each stage over NCCL (the ``nccl`` package, the only code that calls NCCL from
+Python) or gloo; ``add`` and ``kernels`` run the add stage (torch ops, or native/*.cu
+via cupy); ``graphs`` captures and replays calls; ``native`` records a call once and
+replays it from C++ (native/issuer.cpp); ``collectives`` builds reduce-scatter and
+all-gather from the same stages.
 """

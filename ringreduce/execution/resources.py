@@ -2,18 +2,18 @@
 
 Built once, collectively, at construction. Machines are found by exchanging host
 identities through the process group's store; NCCL communicators are split from one
-world communicator whose unique id travels through the same store.
+world communicator whose unique id travels through the same store (cuda_setup.py
+makes and closes them; this module owns the Resources, the CPU's gloo groups, and
+what a failure, wait_idle and close do with all of it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import gc
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,12 +22,12 @@ import torch.distributed as dist
 
 from ringreduce.config import Config, host_identity
 from ringreduce.errors import RingReduceError
-from ringreduce.execution import kernels, native, nccl
+from ringreduce.execution import cuda_setup
 from ringreduce.execution.graphs import GraphCache
 from ringreduce.execution.pipeline import Buffers
-from ringreduce.execution.streams import CudaStreams, HostOrder
-from ringreduce.execution.transport import GlooTransport, NcclTransport
-from ringreduce.plan import layout, schedule, topology
+from ringreduce.execution.streams import HostOrder
+from ringreduce.execution.transport import GlooTransport
+from ringreduce.plan import layout, topology
 from ringreduce.plan.topology import Topology
 from ringreduce.safety.flight import FlightRecorder, Record
 from ringreduce.safety.guard import Guard
@@ -37,11 +37,6 @@ log = logging.getLogger("ringreduce")
 _ABORT_LOCK_WAIT_S = 2.0
 """How long a failure waits for the issuing thread to leave NCCL before aborting anyway:
 a healthy issue (a few hundred microseconds) is long done by then."""
-_ABORT_WAIT_S = 20.0
-"""How long the aborts may take before the failure is reported without them."""
-_GRAPH_GRACE_S = 10.0
-"""How long closing waits for NCCL to let go of communicators that CUDA graphs
-captured, once every graph ringreduce knows of is gone and the device is idle."""
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
@@ -111,7 +106,7 @@ class Resources:
                 if not locked:
                     log.warning("ringreduce: aborting while the issuing thread is inside "
                                 "NCCL or CUDA (stuck behind the failed operation)")
-                _abort_together(self.comms, self.device)
+                cuda_setup.abort_together(self.comms, self.device)
         finally:
             if locked:
                 self.issue_lock.release()
@@ -149,26 +144,6 @@ class Resources:
         """How many calls were captured into CUDA graphs, ours or the caller's."""
         return self.user_captures + (self.graphs.captures if self.graphs is not None else 0)
 
-    def finalize(self, comm: Any, timeout_s: float, blocking: bool) -> None:
-        """Close one NCCL communicator. NCCL frees a communicator only after every CUDA
-        graph that captured it is destroyed, and waits for that forever (abort too):
-        with captures, wait a grace period, then say what holds it instead of hanging."""
-        if not self.captured():
-            nccl.finalize_and_destroy(comm, time.monotonic() + timeout_s, blocking=blocking)
-            return
-        try:
-            nccl.finalize_and_destroy(comm, time.monotonic() + _GRAPH_GRACE_S, abort=False,
-                                      blocking=blocking)
-        except RingReduceError as exc:
-            holder = (f"{self.user_captures} call(s) were captured into CUDA graphs of "
-                      "yours and one of those graphs is still alive" if self.user_captures
-                      else "a CUDA graph ringreduce captured is still referenced")
-            raise RingReduceError(
-                f"close(): NCCL still holds ringreduce's communicators after "
-                f"{_GRAPH_GRACE_S:.0f} s: {holder}. NCCL frees a communicator only once "
-                f"every graph that captured it is destroyed: delete them (del graph) "
-                f"before close(). The communicators are left to process exit.") from exc
-
 
 def build_resources(store: dist.Store, rank: int, world: int, device: torch.device,
                     config: Config) -> Resources:
@@ -192,10 +167,12 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
     res.guard = Guard(store, rank, world, config.timeout_s, recorder)
     res.rank_order = _rank_order(topo, device)
     if is_cuda:
-        _build_cuda(res, store, config)
+        cuda_setup.build_cuda(res, store, config)
     else:
         _build_cpu(res, store, datetime.timedelta(seconds=config.timeout_s))
-        res.divisors = _divisors(world, device)
+    res.divisors = _divisors(world, device)
+    if is_cuda:  # last, as ever: what graphs capture and the native issuer traces reads them
+        cuda_setup.build_replay(res, config)
     return res
 
 
@@ -217,72 +194,6 @@ def _rank_order(topo: Topology, device: torch.device) -> torch.Tensor:
     return torch.tensor(order, dtype=torch.int64).to(device)
 
 
-def _build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
-    topo, timeout_s = res.topo, config.timeout_s
-    if topo.rank == 0:
-        store.set("nccl/world", nccl.new_unique_id())
-    deadline = time.monotonic() + timeout_s  # a peer that never arrives: an error, no hang
-    root = nccl.init_nonblocking(topo.world_size, topo.rank, store.get("nccl/world"), deadline)
-    comms = res.comms
-    comms["world"] = root
-    blocking = config.nccl_blocking
-    try:
-        # Splits are collective over the root; every rank makes the same calls in order.
-        # The root stays non-blocking (it only splits); with blocking traffic the flat
-        # route gets a blocking copy of it.
-        split = functools.partial(nccl.split, root, deadline=deadline, blocking=blocking)
-        if blocking:
-            comms["root"], comms["world"] = root, split(0, topo.rank)
-        if topo.devices_per_machine > 1:
-            for stage in ("reduce_scatter", "all_gather"):
-                comms[stage] = split(topo.machine_index, topo.device_index)
-        if topo.machines > 1:
-            for stage in ("collect", "diffuse"):
-                comms[stage] = split(topo.device_index, topo.machine_index,
-                                     channels_per_net_peer=config.rail_channels)
-    except RingReduceError:
-        for comm in comms.values():  # aborting the parent stops a split in progress
-            nccl.abort(comm)
-        raise
-    res.nccl_version = nccl.version()
-    if kernels.available():
-        res.kernels = kernels.Kernels(res.device)
-    elif topo.rank == 0:
-        log.warning("cupy is not importable: the add stage uses torch ops instead of the "
-                    "fused native/add.cu kernel; install ringreduce[cu12] or [cu13]")
-    res.transport = NcclTransport(topo, comms, timeout_s, blocking, res.kernels)
-    res.sync = CudaStreams(res.device, schedule.event_names(
-        topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
-    res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: _async_error(comms),
-                            on_failure=lambda exc: res.fail(exc, None),
-                            stuck_issue=res.stuck_issue)
-    res.watchdog.start()  # before the first call: its connection setup may hang
-    res.release_steps += [lambda c=c, b=blocking and name != "root": res.finalize(c, timeout_s, b)
-                          for name, c in comms.items()]
-    res.divisors = _divisors(topo.world_size, res.device)
-    if config.graphs:
-        res.graphs = GraphCache(config.graphs, res.device)
-    _build_native(res, config)
-
-
-def _build_native(res: Resources, config: Config) -> None:
-    """The native issuer when it can run (native.why_not), else the Python issuer; an
-    explicit issuer='native' that cannot run is an error, the default a logged fallback."""
-    why = native.why_not(config, True, config.nccl_blocking, res.kernels is not None)
-    if not why:
-        wire = getattr(torch, config.wire_dtype) if config.wire_dtype else None
-        try:
-            res.native = native.NativeIssuer(res, wire,
-                                             inline=config.issuer != "native-async")
-            return
-        except (RingReduceError, RuntimeError) as exc:
-            why = str(exc)
-    if config.issuer in ("native", "native-async"):
-        raise RingReduceError(f"issuer={config.issuer!r} (RINGREDUCE_ISSUER) cannot run: {why}")
-    if res.topo.rank == 0:
-        log.info("ringreduce: CUDA calls are issued from Python: %s", why)
-
-
 def _divisors(world: int, device: torch.device) -> dict[torch.dtype, torch.Tensor]:
     """Made once and waited for here, at construction, so that calls on any stream
     may read them without a fill kernel (or a host copy) per AVG call."""
@@ -290,41 +201,6 @@ def _divisors(world: int, device: torch.device) -> dict[torch.dtype, torch.Tenso
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
     return made
-
-
-def _abort_together(comms: dict[str, Any], device: torch.device) -> None:
-    """ncclCommAbort on every communicator at once, one thread each, waiting a bounded
-    time. One after another hangs (seen on H200, NCCL 2.28, 2026-11-23): the first
-    abort frees device memory, which waits for the device, where the other
-    communicators' kernels still wait for the dead peer; they leave only once their
-    own abort flag is set. A communicator whose abort does not return in time is
-    logged, and the failure is reported anyway."""
-    def abort(comm: Any) -> None:
-        torch.cuda.set_device(device)  # the current device is per thread
-        nccl.abort(comm)
-
-    threads = {name: threading.Thread(target=abort, args=(comm,), daemon=True,
-                                      name=f"ringreduce-abort-{name}")
-               for name, comm in comms.items()}
-    for t in threads.values():
-        t.start()
-    deadline = time.monotonic() + _ABORT_WAIT_S
-    for t in threads.values():
-        t.join(max(0.0, deadline - time.monotonic()))
-    stuck = [name for name, t in threads.items() if t.is_alive()]
-    if stuck:
-        log.error("ringreduce: ncclCommAbort of the %s communicator(s) did not return within "
-                  "%.0f s; reporting the failure anyway (the process may need to exit)",
-                  ", ".join(stuck), _ABORT_WAIT_S)
-
-
-def _async_error(comms: dict[str, Any]) -> str | None:
-    """The first NCCL asynchronous error over ringreduce's communicators, named."""
-    for name, comm in comms.items():
-        message = nccl.async_error(comm)
-        if message:
-            return f"{name} communicator: {message}"
-    return None
 
 
 def _build_cpu(res: Resources, store: dist.Store, timeout: datetime.timedelta) -> None:

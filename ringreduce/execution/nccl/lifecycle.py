@@ -1,120 +1,24 @@
-"""The one module that calls NCCL, through nccl4py (NVIDIA's maintained binding).
+"""A communicator's life in NCCL: init, split, waiting out ncclInProgress, async errors,
+abort, finalize and destroy.
 
-Why nccl4py: it is NVIDIA's own binding, tracks NCCL releases (config structs,
-split, abort, async errors), loads the same ``libnccl`` wheel torch's CUDA build
-depends on, and needs no compiler. PyPI's pynccl (2020) has no config, no
-non-blocking init and no split (FINDINGS.md). cupy.cuda.nccl lacks split and config.
-
-Hot-path calls go to ``nccl.bindings.nccl`` with raw pointers and stream handles:
-nccl4py's high-level methods resolve every buffer through DLPack, which costs host
-time on each of the ~20 calls of a sliced all-reduce. Each wrapper below sits under
-the C prototype it calls. Every call names an explicit stream (nccl4py's default
-stream would serialise against the caller's work).
+Owns everything about NCCL's non-blocking mode, which the watchdog needs: the findings
+below (what nccl4py and NCCL do while a call is in progress), the per-communicator
+config, the polling that turns ncclInProgress into success, an error or a deadline,
+and the bounded close. Calls go through ``library.raw`` / ``library.core`` looked up
+at call time, so tests can swap in a fake binding (tests/test_watchdog.py); none of
+them is on the per-slice hot path (calls.py).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from ringreduce.errors import RingReduceError
-
-try:
-    import nccl.core as _core
-    from nccl.bindings import nccl as _raw
-except ImportError as exc:  # pragma: no cover - only without the cu12/cu13 extra
-    _core = None
-    _raw = None
-    _IMPORT_ERROR: ImportError | None = exc
-else:
-    _IMPORT_ERROR = None
-
-Comm = Any
-"""An initialised ``nccl.core.Communicator``."""
-
-
-def _require() -> None:
-    if _core is None:
-        raise RingReduceError(
-            "the CUDA path needs nccl4py, which is not importable "
-            f"({_IMPORT_ERROR}); install ringreduce[cu12] or ringreduce[cu13]")
-
-
-# Without nccl4py, nccl.h's values (ncclDataType_t, ncclRedOp_t: a stable ABI), so that
-# native programs can be traced and tested on any CPU (tests/test_native.py).
-_DTYPES: dict[torch.dtype, int] = {
-    torch.float32: 7, torch.float16: 6, torch.bfloat16: 9, torch.float64: 8,
-    torch.int32: 2, torch.int64: 4} if _core is None else {
-    torch.float32: int(_core.FLOAT32), torch.float16: int(_core.FLOAT16),
-    torch.bfloat16: int(_core.BFLOAT16), torch.float64: int(_core.FLOAT64),
-    torch.int32: int(_core.INT32), torch.int64: int(_core.INT64)}
-
-# AVG travels as SUM: the engine divides once, exactly, at the end.
-_OPS: dict[str, int] = {"sum": 0, "avg": 0, "max": 2, "min": 3} if _core is None else {
-    "sum": int(_core.SUM), "avg": int(_core.SUM), "max": int(_core.MAX), "min": int(_core.MIN)}
-
-
-def dtype_code(dtype: torch.dtype) -> int:
-    return _DTYPES[dtype]
-
-
-def op_code(op: str) -> int:
-    return _OPS[op]
-
-
-def version() -> int:
-    _require()
-    return int(_raw.get_version())
-
-
-def new_unique_id() -> bytes:
-    _require()
-    return bytes(_core.get_unique_id())
-
-
-# ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-#     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
-def all_reduce(comm: Comm, t: torch.Tensor, op: str, stream: int) -> None:
-    _raw.all_reduce(t.data_ptr(), t.data_ptr(), t.numel(), dtype_code(t.dtype),
-                    op_code(op), comm._comm, stream)
-
-
-# ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-#     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
-def reduce_scatter(comm: Comm, send: torch.Tensor, recv: torch.Tensor, op: str,
-                   stream: int) -> None:
-    _raw.reduce_scatter(send.data_ptr(), recv.data_ptr(), recv.numel(),
-                        dtype_code(send.dtype), op_code(op), comm._comm, stream)
-
-
-# ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-#     ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
-def all_gather(comm: Comm, send: torch.Tensor, recv: torch.Tensor, stream: int) -> None:
-    _raw.all_gather(send.data_ptr(), recv.data_ptr(), send.numel(),
-                    dtype_code(send.dtype), comm._comm, stream)
-
-
-# ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,
-#     int peer, ncclComm_t comm, cudaStream_t stream);
-def send(comm: Comm, t: torch.Tensor, peer: int, stream: int) -> None:
-    _raw.send(t.data_ptr(), t.numel(), dtype_code(t.dtype), peer, comm._comm, stream)
-
-
-# ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype,
-#     int peer, ncclComm_t comm, cudaStream_t stream);
-def recv(comm: Comm, t: torch.Tensor, peer: int, stream: int) -> None:
-    _raw.recv(t.data_ptr(), t.numel(), dtype_code(t.dtype), peer, comm._comm, stream)
-
-
-def abort(comm: Comm) -> None:
-    """ncclCommAbort: local, safe on error paths."""
-    comm.abort()
-
+from ringreduce.execution.nccl import library
+from ringreduce.execution.nccl.library import IN_PROGRESS, SUCCESS, Comm, describe_result
 
 # --- Non-blocking communicators: what the watchdog needs, and what switching takes -----
 #
@@ -143,7 +47,7 @@ def abort(comm: Comm) -> None:
 #    communicator fails with ncclInvalidArgument, "Attempt to use communicator before the
 #    previous operation returned ncclSuccess" (ncclCommEnsureReady), which nccl4py raises
 #    as NCCLError. So call wait_ready on every communicator after each group_end or
-#    ungrouped collective (group_ready below).
+#    ungrouped collective (calls.group_ready).
 #  * The price: NCCL 2.2x (src/group.cc ncclGroupEndInternal) starts a thread for
 #    *every* ncclGroupEnd of a non-blocking group, connected or not, and the group is
 #    in progress until that thread launched the kernels. A 25 MiB call at 2 x 1 (14
@@ -159,10 +63,6 @@ def abort(comm: Comm) -> None:
 #    comm._comm to NULL; later raw calls fail on the NULL handle.
 #  * Close: finalize() is non-blocking too; destroy() may block unless the state is
 #    ncclSuccess first ("Destroying a communicator"): see finalize_and_destroy.
-
-_SUCCESS = 0
-_IN_PROGRESS = 7
-"""ncclSuccess and ncclInProgress (nccl.h; nccl.bindings.nccl.Result)."""
 
 # Polling a communicator: first spin (yielding the GIL) for up to _SPIN_S, because in
 # steady state a non-blocking ncclGroupEnd hands the launch to a helper thread and
@@ -187,45 +87,33 @@ def comm_config(channels_per_net_peer: int | None = None, blocking: bool = False
                              different orders and wait on each other forever;
       n_channels_per_net_peer  how many channels (sockets) send/recv to one network
                              peer may use: the rail stages are send/recv."""
-    _require()
-    return _core.NCCLConfig(blocking=blocking, launch_order_implicit=True,
-                            n_channels_per_net_peer=channels_per_net_peer)
-
-
-def describe_result(code: int, comm: Comm | None = None) -> str:
-    """An NCCL result's name and text, e.g. ncclRemoteError (remote process exited or
-    there was a network error), plus NCCL's last error text when ``comm`` has one."""
-    try:
-        name = f"nccl{_raw.Result(code).name}"
-    except ValueError:
-        name = f"ncclResult {code}"
-    text = f"{name} ({_raw.get_error_string(code)})"
-    last = _raw.get_last_error(comm._comm) if comm is not None and comm._comm else ""
-    return f"{text}; last NCCL error: {last.strip()}" if last.strip() else text
+    library.require()
+    return library.core.NCCLConfig(blocking=blocking, launch_order_implicit=True,
+                                   n_channels_per_net_peer=channels_per_net_peer)
 
 
 # ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
 def async_error(comm: Comm) -> str | None:
     """None while ``comm`` is healthy (ncclSuccess) or still working (ncclInProgress),
     else what went wrong. Callable from the watchdog thread (see above)."""
-    _require()
+    library.require()
     if not comm._comm:
         return "the communicator was aborted or destroyed"
-    code = int(_raw.comm_get_async_error(comm._comm))
-    return None if code in (_SUCCESS, _IN_PROGRESS) else describe_result(code, comm)
+    code = int(library.raw.comm_get_async_error(comm._comm))
+    return None if code in (SUCCESS, IN_PROGRESS) else describe_result(code, comm)
 
 
 def wait_ready(comm: Comm, deadline: float, what: str) -> None:
     """Poll ``comm`` until it leaves ncclInProgress. RingReduceError on an NCCL error
     or once ``time.monotonic()`` passes ``deadline``; aborting is the caller's call."""
-    _require()
+    library.require()
     pause = _FIRST_PAUSE_S
     spin_until = time.monotonic() + _SPIN_S
     while True:
-        code = int(_raw.comm_get_async_error(comm._comm))
-        if code == _SUCCESS:
+        code = int(library.raw.comm_get_async_error(comm._comm))
+        if code == SUCCESS:
             return
-        if code != _IN_PROGRESS:
+        if code != IN_PROGRESS:
             raise RingReduceError(f"{what}: NCCL reported {describe_result(code, comm)}")
         if time.monotonic() >= deadline:
             raise RingReduceError(f"{what}: still in progress at the deadline "
@@ -241,9 +129,9 @@ def wait_ready(comm: Comm, deadline: float, what: str) -> None:
 def init_nonblocking(world_size: int, rank: int, unique_id: bytes, deadline: float) -> Comm:
     """init() on a non-blocking communicator, ready when it returns. On failure the
     half-made communicator is aborted (no one else holds it) before raising."""
-    _require()
-    uid = _core.UniqueId.from_bytes(unique_id)
-    comm = _core.Communicator.init(world_size, rank, uid, comm_config())
+    library.require()
+    uid = library.core.UniqueId.from_bytes(unique_id)
+    comm = library.core.Communicator.init(world_size, rank, uid, comm_config())
     try:
         wait_ready(comm, deadline, f"ncclCommInitRankScalable (rank {rank} of {world_size})")
     except RingReduceError:
@@ -272,18 +160,9 @@ def split(parent: Comm, color: int, key: int, deadline: float,
     return child
 
 
-@contextmanager
-def group_ready(comms: Sequence[Comm], deadline: float, what: str) -> Iterator[None]:
-    """A group (ncclGroupStart ... ncclGroupEnd) whose kernels are enqueued when it
-    returns: afterwards, wait until every non-blocking communicator in ``comms`` left
-    ncclInProgress (pass none for blocking ones: their ncclGroupEnd already waited)."""
-    _raw.group_start()
-    try:
-        yield
-    finally:
-        _raw.group_end()
-    for comm in comms:
-        wait_ready(comm, deadline, what)
+def abort(comm: Comm) -> None:
+    """ncclCommAbort: local, safe on error paths."""
+    comm.abort()
 
 
 def finalize_and_destroy(comm: Comm, deadline: float, abort: bool = True,

@@ -1,0 +1,171 @@
+"""The CUDA half of a Communicator's resources: NCCL communicators made and let go.
+
+Owns their setup, collective on every rank (a non-blocking root communicator from a
+unique id in the store, the stage communicators split off it, the transport, stage
+streams and watchdog over them, then CUDA graphs and the native issuer), and their
+teardown: finalizing each (bounded while CUDA graphs may still hold it), aborting all
+of them at once after a failure, and the async-error poll the watchdog runs.
+resources.py builds the Resources these fill in; every NCCL call is the nccl package's.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from ringreduce.config import Config
+from ringreduce.errors import RingReduceError
+from ringreduce.execution import kernels, native, nccl
+from ringreduce.execution.graphs import GraphCache
+from ringreduce.execution.streams import CudaStreams
+from ringreduce.execution.transport import NcclTransport
+from ringreduce.plan import layout, schedule
+from ringreduce.safety.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from ringreduce.execution.resources import Resources
+
+log = logging.getLogger("ringreduce")
+_ABORT_WAIT_S = 20.0
+"""How long the aborts may take before the failure is reported without them."""
+_GRAPH_GRACE_S = 10.0
+"""How long closing waits for NCCL to let go of communicators that CUDA graphs
+captured, once every graph ringreduce knows of is gone and the device is idle."""
+
+
+def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
+    """NCCL communicators, kernels, transport, stage streams and the watchdog for
+    ``res`` (collective: every rank makes the same NCCL calls in the same order); the
+    divisors and then build_replay come after (resources.build_resources)."""
+    topo, timeout_s = res.topo, config.timeout_s
+    if topo.rank == 0:
+        store.set("nccl/world", nccl.new_unique_id())
+    deadline = time.monotonic() + timeout_s  # a peer that never arrives: an error, no hang
+    root = nccl.init_nonblocking(topo.world_size, topo.rank, store.get("nccl/world"), deadline)
+    comms = res.comms
+    comms["world"] = root
+    blocking = config.nccl_blocking
+    try:
+        # Splits are collective over the root; every rank makes the same calls in order.
+        # The root stays non-blocking (it only splits); with blocking traffic the flat
+        # route gets a blocking copy of it.
+        split = functools.partial(nccl.split, root, deadline=deadline, blocking=blocking)
+        if blocking:
+            comms["root"], comms["world"] = root, split(0, topo.rank)
+        if topo.devices_per_machine > 1:
+            for stage in ("reduce_scatter", "all_gather"):
+                comms[stage] = split(topo.machine_index, topo.device_index)
+        if topo.machines > 1:
+            for stage in ("collect", "diffuse"):
+                comms[stage] = split(topo.device_index, topo.machine_index,
+                                     channels_per_net_peer=config.rail_channels)
+    except RingReduceError:
+        for comm in comms.values():  # aborting the parent stops a split in progress
+            nccl.abort(comm)
+        raise
+    res.nccl_version = nccl.version()
+    if kernels.available():
+        res.kernels = kernels.Kernels(res.device)
+    elif topo.rank == 0:
+        log.warning("cupy is not importable: the add stage uses torch ops instead of the "
+                    "fused native/add.cu kernel; install ringreduce[cu12] or [cu13]")
+    res.transport = NcclTransport(topo, comms, timeout_s, blocking, res.kernels)
+    res.sync = CudaStreams(res.device, schedule.event_names(
+        topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
+    res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: async_error(comms),
+                            on_failure=lambda exc: res.fail(exc, None),
+                            stuck_issue=res.stuck_issue)
+    res.watchdog.start()  # before the first call: its connection setup may hang
+    res.release_steps += [
+        lambda c=c, b=blocking and name != "root": finalize(res, c, timeout_s, b)
+        for name, c in comms.items()]
+
+
+def build_replay(res: Resources, config: Config) -> None:
+    """What replays calls instead of issuing each from Python: CUDA graphs (graphs.py,
+    opt-in) and the native issuer (native.py). Last, once everything they record or
+    trace (communicators, streams, divisors) exists."""
+    if config.graphs:
+        res.graphs = GraphCache(config.graphs, res.device)
+    _build_native(res, config)
+
+
+def _build_native(res: Resources, config: Config) -> None:
+    """The native issuer when it can run (native.why_not), else the Python issuer; an
+    explicit issuer='native' that cannot run is an error, the default a logged fallback."""
+    why = native.why_not(config, True, config.nccl_blocking, res.kernels is not None)
+    if not why:
+        wire = getattr(torch, config.wire_dtype) if config.wire_dtype else None
+        try:
+            res.native = native.NativeIssuer(res, wire,
+                                             inline=config.issuer != "native-async")
+            return
+        except (RingReduceError, RuntimeError) as exc:
+            why = str(exc)
+    if config.issuer in ("native", "native-async"):
+        raise RingReduceError(f"issuer={config.issuer!r} (RINGREDUCE_ISSUER) cannot run: {why}")
+    if res.topo.rank == 0:
+        log.info("ringreduce: CUDA calls are issued from Python: %s", why)
+
+
+def finalize(res: Resources, comm: Any, timeout_s: float, blocking: bool) -> None:
+    """Close one of ``res``'s NCCL communicators (a release step). NCCL frees a
+    communicator only after every CUDA graph that captured it is destroyed, and waits
+    for that forever (abort too): with captures, wait a grace period, then say what
+    holds it instead of hanging."""
+    if not res.captured():
+        nccl.finalize_and_destroy(comm, time.monotonic() + timeout_s, blocking=blocking)
+        return
+    try:
+        nccl.finalize_and_destroy(comm, time.monotonic() + _GRAPH_GRACE_S, abort=False,
+                                  blocking=blocking)
+    except RingReduceError as exc:
+        holder = (f"{res.user_captures} call(s) were captured into CUDA graphs of "
+                  "yours and one of those graphs is still alive" if res.user_captures
+                  else "a CUDA graph ringreduce captured is still referenced")
+        raise RingReduceError(
+            f"close(): NCCL still holds ringreduce's communicators after "
+            f"{_GRAPH_GRACE_S:.0f} s: {holder}. NCCL frees a communicator only once "
+            f"every graph that captured it is destroyed: delete them (del graph) "
+            f"before close(). The communicators are left to process exit.") from exc
+
+
+def abort_together(comms: dict[str, Any], device: torch.device) -> None:
+    """ncclCommAbort on every communicator at once, one thread each, waiting a bounded
+    time. One after another hangs (seen on H200, NCCL 2.28, 2026-11-23): the first
+    abort frees device memory, which waits for the device, where the other
+    communicators' kernels still wait for the dead peer; they leave only once their
+    own abort flag is set. A communicator whose abort does not return in time is
+    logged, and the failure is reported anyway."""
+    def abort(comm: Any) -> None:
+        torch.cuda.set_device(device)  # the current device is per thread
+        nccl.abort(comm)
+
+    threads = {name: threading.Thread(target=abort, args=(comm,), daemon=True,
+                                      name=f"ringreduce-abort-{name}")
+               for name, comm in comms.items()}
+    for t in threads.values():
+        t.start()
+    deadline = time.monotonic() + _ABORT_WAIT_S
+    for t in threads.values():
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [name for name, t in threads.items() if t.is_alive()]
+    if stuck:
+        log.error("ringreduce: ncclCommAbort of the %s communicator(s) did not return within "
+                  "%.0f s; reporting the failure anyway (the process may need to exit)",
+                  ", ".join(stuck), _ABORT_WAIT_S)
+
+
+def async_error(comms: dict[str, Any]) -> str | None:
+    """The first NCCL asynchronous error over ringreduce's communicators, named."""
+    for name, comm in comms.items():
+        message = nccl.async_error(comm)
+        if message:
+            return f"{name} communicator: {message}"
+    return None

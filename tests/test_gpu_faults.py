@@ -251,8 +251,14 @@ def _mismatch_worker(rank: int, world: int, what: str, debug: bool) -> None:
     rule = (r"collective mismatch at operation #2: rank \d+ calls all_reduce\(numel=\d+, "
             r"dtype=torch.float\d+" if debug else STAGE_ERROR)
     with pytest.raises(ringreduce.RingReduceError, match=rule) as info:
-        comm.all_reduce(torch.ones(n, dtype=dtype, device=dev))
+        t = torch.ones(n, dtype=dtype, device=dev)
+        comm.all_reduce(t)
         comm.wait_idle()
+        # Reached only when the call returned: say so at once, with what it returned
+        # (the test fails below; the line shows in the log even if a peer then hangs).
+        wrong = int((t != world).sum())
+        print(f"[fault mismatched {what}] rank {rank}: the call RETURNED, {wrong} of {n} "
+              f"elements wrong", flush=True)
     faults.report(f"mismatched {what}, {'RINGREDUCE_DEBUG=1' if debug else 'no debug'}", rank,
                   info.value, DEADLINE + SLACK)
     if debug:  # checked before communicating: still usable, every rank names rank 1

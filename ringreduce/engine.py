@@ -71,6 +71,18 @@ class Communicator:
         self._setup(store, rank, world, device)
         return self
 
+    @property
+    def config(self) -> Config:
+        """The effective settings. Replacing it (``dataclasses.replace``) changes what
+        is read per call (``min_bytes``, ``debug``) from the next call on."""
+        return self._config
+
+    @config.setter
+    def config(self, value: Config) -> None:
+        self._config = value
+        if "_issuer" in self.__dict__:
+            self._issuer.config = value
+
     def _setup(self, store: dist.Store, rank: int, world: int, device: torch.device) -> None:
         self._res: Resources = build_resources(store, rank, world, device, self.config)
         self._issuer = Issuer(self._res, self.config)

@@ -40,7 +40,9 @@ class Issuer:
 
     def __init__(self, res: Resources, config: Config) -> None:
         self.res = res
-        self.min_bytes = config.min_bytes
+        self.config = config
+        """The Communicator's, replaced with it (Communicator.config): min_bytes is read
+        per call."""
         self.wire = getattr(torch, config.wire_dtype) if config.wire_dtype else None
         self.cursor = schedule.Cursor()
         """Where the next hierarchical call's slices start in the staging slot rotation."""
@@ -52,10 +54,11 @@ class Issuer:
     def hierarchical_blocks(self, whole: torch.Tensor) -> bool:
         topo = self.res.topo
         return (topo.machines > 1 and topo.devices_per_machine > 1
-                and whole.numel() * whole.element_size() >= self.min_bytes)
+                and whole.numel() * whole.element_size() >= self.config.min_bytes)
 
     def route_flat(self, t: torch.Tensor) -> bool:
-        return self.res.topo.machines == 1 or t.numel() * t.element_size() < self.min_bytes
+        return (self.res.topo.machines == 1
+                or t.numel() * t.element_size() < self.config.min_bytes)
 
     def ctx(self, record: Record) -> CallContext:
         return CallContext(self.res, record)

@@ -190,15 +190,20 @@ def _on_step(ctx: CallContext, step: Step, io: SliceIO, flat: torch.Tensor) -> I
         yield
 
 
+@contextlib.contextmanager
 def _wave_errors(ctx: CallContext, grouped: Sequence[str],
-                 todo: Sequence[tuple[Step, SliceIO]],
-                 t: torch.Tensor) -> contextlib.AbstractContextManager[None]:
-    """Failures of the group itself (ncclGroupEnd) name all its stages and peers."""
-    if not grouped:
-        return _NO_STREAM
-    peers = sorted({p for stage in grouped for p in ctx.topo.peers(stage)})
-    slices = ",".join(str(step.slice_index) for step, _ in todo if step.stage != "add")
-    return _errors(ctx, "+".join(grouped), slices, peers, t)
+                 todo: Sequence[tuple[Step, SliceIO]], t: torch.Tensor) -> Iterator[None]:
+    """Failures of the group itself (ncclGroupEnd) name all its stages and peers; the
+    names are only built on a failure, not on every wave."""
+    try:
+        yield
+    except Exception:
+        if not grouped:
+            raise
+        peers = sorted({p for stage in grouped for p in ctx.topo.peers(stage)})
+        slices = ",".join(str(step.slice_index) for step, _ in todo if step.stage != "add")
+        with _errors(ctx, "+".join(grouped), slices, peers, t):
+            raise
 
 
 def _run_stage(stage: str, parts: Sequence[Part], op: str, ctx: CallContext) -> None:

@@ -4,8 +4,9 @@
         --mode loopback --script benchmarks/native_host.py -- --size 25M
 
 Every rank builds Communicators (RINGREDUCE_ISSUER=native, then =python; each with one
-NCCL group per pipeline wave and, as ``/stage``, one per stage) over the same process
-group, and measures in one run:
+NCCL group per pipeline wave and a communicator per stage pair (the default), as
+``/sep`` with waves and a communicator per stage, and as ``/stage`` with one group per
+stage) over the same process group, and measures in one run:
   * host time of one call on an idle pipeline (the caller's time until the call
     returns), synchronous and ``async_op=True``, median of ``--calls`` samples;
   * CPU per call (getrusage of the whole process: every thread, NCCL's proxies and
@@ -76,22 +77,25 @@ def stream_cost(call: Callable[[], object], calls: int,
 
 def build_comms(machines: int | None,
                 slices: list[int]) -> dict[str, ringreduce.Communicator]:
-    """Each issuer with one NCCL group per wave (the default) and, named ``/stage``,
-    one per stage (RINGREDUCE_WAVE_GROUPS=0, the engine before v2); the native issuer
-    also at each of ``slices``."""
-    wanted = [("native", None, True), ("native", None, False)]
-    wanted += [("native", s, True) for s in slices]
-    wanted += [("python", None, True), ("python", None, False)]
+    """Each issuer as configured by default (a group per wave, a communicator per stage
+    pair), as ``/sep`` (a communicator per stage, RINGREDUCE_PAIR_COMMS=0) and as
+    ``/stage`` (a group per stage, RINGREDUCE_WAVE_GROUPS=0, the engine before v2); the
+    native issuer also at each of ``slices``."""
+    wanted = [("native", None, "")] + [("native", s, "") for s in slices]
+    wanted += [("native", None, "/sep"), ("native", None, "/stage")]
+    wanted += [("python", None, ""), ("python", None, "/sep"), ("python", None, "/stage")]
     comms = {}
-    for issuer, slice_bytes, waves in wanted:
+    for issuer, slice_bytes, variant in wanted:
         # read once, at construction (config.py)
         os.environ["RINGREDUCE_ISSUER"] = issuer
-        os.environ["RINGREDUCE_WAVE_GROUPS"] = "1" if waves else "0"
+        os.environ["RINGREDUCE_WAVE_GROUPS"] = "0" if variant == "/stage" else "1"
+        os.environ["RINGREDUCE_PAIR_COMMS"] = "0" if variant else "1"
         name = issuer if slice_bytes is None else f"{issuer}/{slice_bytes >> 20}M"
-        name += "" if waves else "/stage"
-        comms[name] = ringreduce.Communicator(machines=machines, slice_bytes=slice_bytes)
-        assert comms[name].describe().endswith(f"issuer={issuer}"), comms[name].describe()
-    del os.environ["RINGREDUCE_WAVE_GROUPS"]
+        comms[name + variant] = ringreduce.Communicator(machines=machines,
+                                                        slice_bytes=slice_bytes)
+        described = comms[name + variant].describe()
+        assert described.endswith(f"issuer={issuer}"), described
+    del os.environ["RINGREDUCE_WAVE_GROUPS"], os.environ["RINGREDUCE_PAIR_COMMS"]
     return comms
 
 

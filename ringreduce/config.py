@@ -46,6 +46,7 @@ _ENV = {
     "rail_channels": "RINGREDUCE_RAIL_CHANNELS",
     "timeout_s": "RINGREDUCE_TIMEOUT",
     "debug": "RINGREDUCE_DEBUG",
+    "check_new_calls": "RINGREDUCE_CHECK_NEW_CALLS",
     "flight_records": "RINGREDUCE_FLIGHT_RECORDS",
     "flight_file": "RINGREDUCE_FLIGHT_FILE",
     "wire_dtype": "RINGREDUCE_WIRE_DTYPE",
@@ -53,6 +54,7 @@ _ENV = {
     "nccl_blocking": "RINGREDUCE_NCCL_BLOCKING",
     "issuer": "RINGREDUCE_ISSUER",
     "wave_groups": "RINGREDUCE_WAVE_GROUPS",
+    "pair_comms": "RINGREDUCE_PAIR_COMMS",
 }
 
 #: Who issues a CUDA call's hierarchical work (Config.issuer).
@@ -103,6 +105,14 @@ class Config:
     """Check before every call that all ranks issue the same (operation number,
     numel, dtype, op) (``RINGREDUCE_DEBUG=1``); a mismatch raises on every rank
     instead of hanging or corrupting. Costs a store round trip per call."""
+
+    check_new_calls: bool = True
+    """Check, the same way, the first call of every (kind, numel, dtype, op) a rank has
+    not made before (``RINGREDUCE_CHECK_NEW_CALLS``; 0 turns it off). NCCL's send/recv
+    do not compare sizes: a rank whose peer calls with a dtype of another width
+    returned wrong values as success (H100, benchmarks/results/2026-11-25-h100-engine-v2).
+    One store round trip per new kind of call, none in a steady stream of DDP buckets;
+    ranks that swap two calls each has made before still need ``debug``."""
 
     flight_records: int = 64
     """Operations kept by the flight recorder (``RINGREDUCE_FLIGHT_RECORDS``); they
@@ -161,6 +171,14 @@ class Config:
     slices, plan/schedule.waves) as one NCCL group (``RINGREDUCE_WAVE_GROUPS``). False:
     one group per stage and slice, slice after slice, as before; kept so that both can
     be measured in one run. A 25 MiB call at 2 x 2 has 11 waves against 28 stage groups."""
+
+    pair_comms: bool = True
+    """CUDA, with ``wave_groups``: reduce_scatter and all_gather share one NCCL
+    communicator, collect and diffuse another (``RINGREDUCE_PAIR_COMMS``; 0: one per
+    stage). A wave holds at most one step of each stage, so its group then launches one
+    kernel per pair instead of one per stage: NCCL's host cost is per communicator
+    launched. Without wave groups the stages of a pair would serialise on their shared
+    communicator, so each keeps its own."""
 
     def __post_init__(self) -> None:
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPES:

@@ -102,15 +102,17 @@ class Communicator:
 
     def describe(self) -> str:
         """The effective configuration, one line (logged once on rank 0)."""
-        t, r = self._res.topo, self._res
+        t, r, c = self._res.topo, self._res, self.config
+        cuda = {"graphs": c.graphs, "nccl_blocking": int(c.nccl_blocking),
+                "wave_groups": int(c.wave_groups),
+                "pair_comms": int(c.wave_groups and c.pair_comms)}
+        per_device = ", ".join(f"{k}={v if r.is_cuda else 'n/a (cpu)'}" for k, v in cuda.items())
         return (f"{t.machines} machines x {t.devices_per_machine} devices, "
                 f"{'cuda (nccl ' + str(r.nccl_version) + ')' if r.is_cuda else 'cpu (gloo)'}, "
-                f"slice_bytes={r.slice_bytes}, staging_bytes={self.config.staging_bytes} "
-                f"({r.staging_slots} slots), min_bytes={self.config.min_bytes}, "
-                f"rail_channels={self.config.rail_channels or 'nccl default'}, "
-                f"wire={self.config.wire_dtype or 'tensor dtype'}, "
-                f"graphs={self.config.graphs if r.is_cuda else 'n/a (cpu)'}, "
-                f"nccl_blocking={int(self.config.nccl_blocking) if r.is_cuda else 'n/a (cpu)'}, "
+                f"slice_bytes={r.slice_bytes}, staging_bytes={c.staging_bytes} "
+                f"({r.staging_slots} slots), min_bytes={c.min_bytes}, "
+                f"rail_channels={c.rail_channels or 'nccl default'}, "
+                f"wire={c.wire_dtype or 'tensor dtype'}, {per_device}, "
                 f"issuer={r.native.mode if r.native is not None else 'python'}")
 
     def all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM,
@@ -170,12 +172,14 @@ class Communicator:
     def _call(self, kind: str, t: torch.Tensor, op: str, async_op: bool, result: torch.Tensor,
               on_cuda: Callable[[Record], Any], on_cpu: Callable[[Record], Any],
               route: str = "") -> torch.futures.Future[torch.Tensor] | None:
-        """What every collective shares: the debug check, numbering, the flight record;
+        """What every collective shares: the call check, numbering, the flight record;
         then issue.py issues CUDA work here or queues CPU work in order (and poisons the
         communicator after a failure)."""
         guard = self._res.guard
         if self.config.debug:
             guard.agree(self._op_number + 1, t, op, kind)
+        elif self.config.check_new_calls:
+            guard.agree_if_new(self._op_number + 1, t, op, kind)
         self._op_number += 1
         record = guard.recorder.begin(self._op_number, t.numel(), str(t.dtype), op, route, kind)
         if self._res.is_cuda:

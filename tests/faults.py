@@ -107,10 +107,11 @@ def store_server() -> Iterator[tuple[int, int]]:
 def store_gone(rank: int, world: int, server_pid: int, fresh: str, device: torch.device,
                backend: str, limit_s: float) -> None:
     """The TCPStore's server goes away after setup (machines from RINGREDUCE_MACHINES).
-    Calls do not use the store (connections are made): they stay exact. With
-    RINGREDUCE_DEBUG=1 the per-call check uses it: RingReduceError. A Communicator on
-    the dead store: an error, not a hang. Then a fresh group on a new store, and a new
-    Communicator there."""
+    Calls of a kind made before do not use the store (connections are made): they stay
+    exact. The first call of a new kind is checked through the store (as every call is
+    with RINGREDUCE_DEBUG=1): RingReduceError, and the communicator stays usable. A
+    Communicator on the dead store: an error, not a hang. Then a fresh group on a new
+    store, and a new Communicator there."""
     comm = ringreduce.Communicator(min_bytes=0)
     debug = ringreduce.Communicator(min_bytes=0)  # made while the store lives
     debug.config = dataclasses.replace(debug.config, debug=True)  # RINGREDUCE_DEBUG=1
@@ -127,10 +128,19 @@ def store_gone(rank: int, world: int, server_pid: int, fresh: str, device: torch
     check_equal(t, expected(world, t.numel(), torch.float32, dist.ReduceOp.SUM, device, salt=1),
                 "all-reduce after the store went away")
     with pytest.raises(ringreduce.RingReduceError,
-                       match=r"stage 'debug check' failed .*operation #1.*store") as info:
+                       match=r"stage 'call check' failed .*operation #1 \(RINGREDUCE_DEBUG "
+                       r"check.*store") as info:
         debug.all_reduce(torch.ones(10, device=device))
     report("store gone (calls exact; RINGREDUCE_DEBUG=1 check)", rank, info.value, limit_s,
            fault_at)
+    with pytest.raises(ringreduce.RingReduceError,
+                       match=r"stage 'call check' failed .*operation #3 \(first call of its "
+                       r"kind check.*store") as info:
+        comm.all_reduce(torch.ones(10, device=device))
+    report("store gone (a new kind of call)", rank, info.value, limit_s, fault_at)
+    comm.all_reduce(t)  # the check communicated nothing: a known call is still exact
+    check_equal(t, expected(world, t.numel(), torch.float32, dist.ReduceOp.SUM, device, salt=1)
+                * world, "a known call after the check failed")
     started = time.monotonic()
     with pytest.raises(Exception):  # noqa: B017 (torch's store error type varies by version)
         ringreduce.Communicator(min_bytes=0)

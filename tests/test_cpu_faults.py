@@ -4,7 +4,8 @@ success, and the process can go on with a new Communicator afterwards.
 
 Faults: a peer killed mid-operation, one that never calls, one stopped (SIGSTOP), the
 rail link cut mid-call (tests/netns.py), a peer calling with another size or dtype
-(named with RINGREDUCE_DEBUG=1), the store taken away after setup. Each survivor prints
+(named by the new-call check, or with RINGREDUCE_DEBUG=1 by the per-call check), the
+store taken away after setup. Each survivor prints
 one ``[fault ...]`` line (run with ``-s``): the README's fault table comes from those.
 """
 
@@ -27,7 +28,10 @@ from .multiproc import run_ranks
 
 DEADLINE = 3.0
 SLACK = 8.0  # process scheduling on a 2-core CI machine with 4 ranks
-ENV = {"RINGREDUCE_TIMEOUT": str(DEADLINE)}
+ENV = {"RINGREDUCE_TIMEOUT": str(DEADLINE), "RINGREDUCE_CHECK_NEW_CALLS": "0"}
+"""The faults hit the pipeline: the calls here stand for a training step's calls, which
+every rank has made before and the new-call check therefore skips (it has tests of its
+own below; with it on, a dead peer at a new kind of call ends in that check instead)."""
 CPU = torch.device("cpu")
 STAGE_ERROR = (r"stage '(reduce_scatter|collect|diffuse|all_gather)' failed on rank \d "
                r"in operation #2 \(slice \d+, tensor of {n} x torch.float32\), peers")
@@ -177,6 +181,36 @@ def test_mismatched_calls_raise_on_every_rank() -> None:
     run_ranks(_mismatch_worker, 4, env={"RINGREDUCE_DEBUG": "1"}, timeout=120)
 
 
+def _new_call_worker(rank: int, world: int) -> None:
+    """Without RINGREDUCE_DEBUG: a mismatch in a kind of call no rank made before is
+    named before anything is communicated; a rank alone in making a new call ends at the
+    deadline in the check, its peers in the pipeline; nobody returns."""
+    comm = ringreduce.Communicator(machines=2, min_bytes=0)
+    t = torch.ones(100)
+    comm.all_reduce(t)
+    assert torch.equal(t, torch.full_like(t, float(world)))
+    started = time.monotonic()
+    with pytest.raises(ringreduce.RingReduceError, match=(
+            r"collective mismatch at operation #2: rank \d calls all_reduce\(numel=10[12], "
+            r"dtype=torch.float32, op=sum\), rank \d calls all_reduce\(numel=10[12]")):
+        comm.all_reduce(torch.ones(101 if rank == 1 else 102))
+    assert time.monotonic() - started < DEADLINE, "a mismatch of new calls waited for the deadline"
+    comm.all_reduce(t.fill_(1.0))  # nothing was communicated: still usable, still in step
+    assert torch.equal(t, torch.full_like(t, float(world)))
+    if rank == 2:
+        faults.mark_fault()  # int32 is new to rank 2 only; float32 x 100 the others know
+    check = r"stage 'call check' failed on rank 2 in operation #3 .*diverged"
+    with pytest.raises(ringreduce.RingReduceError,
+                       match=check if rank == 2 else STAGE_ERROR.format(n=100).replace("#2", "#3")
+                       ) as info:
+        comm.all_reduce(torch.ones(100, dtype=torch.int32 if rank == 2 else torch.float32))
+    _report("new call on one rank only", rank, info.value)
+
+
+def test_new_kind_of_call_is_checked_without_debug() -> None:
+    run_ranks(_new_call_worker, 4, env={"RINGREDUCE_TIMEOUT": str(DEADLINE)}, timeout=120)
+
+
 MISMATCHES = {"numel": (torch.float32, 100_001, ()), "dtype": (torch.float64, 100_000, (0,))}
 """What rank 1 calls with while the others call 100,000 x float32 (a different size, or a
 dtype of another width), and the ranks that gloo itself terminates: the receiver of a
@@ -187,8 +221,14 @@ tell, as with gloo's and NCCL's own calls."""
 
 
 def _undebugged_mismatch_worker(rank: int, world: int, what: str) -> None:
+    """Default configuration; every rank has made both calls before (the new-call check
+    passed them), then rank 1 makes the other one: only the deadline can tell."""
     comm = _healthy()
     dtype, n, aborted = MISMATCHES[what]
+    for known in ((torch.float32, 100_000), (dtype, n)):
+        t = torch.ones(known[1], dtype=known[0])
+        comm.all_reduce(t)
+        assert torch.equal(t, torch.full_like(t, float(world)))
     if rank == 1:
         faults.mark_fault()
     else:
@@ -198,17 +238,18 @@ def _undebugged_mismatch_worker(rank: int, world: int, what: str) -> None:
         comm.all_reduce(torch.ones(n, dtype=dtype))
         raise AssertionError(f"rank {rank} was expected to be terminated by gloo")
     with pytest.raises(ringreduce.RingReduceError, match=r"stage '\w+' failed on rank \d in "
-                       r"operation #2 .*, peers") as info:
+                       r"operation #4 .*, peers") as info:
         comm.all_reduce(torch.ones(n, dtype=dtype))
-    _report(f"mismatched {what}, no debug", rank, info.value)
+    _report(f"mismatched {what}, no debug, both calls known", rank, info.value)
     faults.meet("raised", len(survivors))  # nobody starts the next group while a peer still waits
     _carry_on(rank, survivors, 2 if len(survivors) == 4 else len(survivors))
 
 
 @pytest.mark.parametrize("what", sorted(MISMATCHES))
-def test_mismatched_call_without_debug_ends_at_the_deadline(what: str) -> None:
+def test_mismatched_known_calls_without_debug_end_at_the_deadline(what: str) -> None:
     aborted = {r: -signal.SIGABRT for r in MISMATCHES[what][2]}
-    run_ranks(_undebugged_mismatch_worker, 4, what, env=ENV, timeout=120, expect_exit=aborted)
+    run_ranks(_undebugged_mismatch_worker, 4, what, timeout=120, expect_exit=aborted,
+              env={"RINGREDUCE_TIMEOUT": str(DEADLINE)})
 
 
 def _store_gone_worker(rank: int, world: int, server_pid: int, fresh: str) -> None:
@@ -218,5 +259,6 @@ def _store_gone_worker(rank: int, world: int, server_pid: int, fresh: str) -> No
 def test_store_gone_after_setup_is_no_hang_and_no_wrong_result() -> None:
     with faults.store_server() as (port, pid), tempfile.TemporaryDirectory() as folder:
         fresh = f"file://{os.path.join(folder, 'fresh')}"
-        run_ranks(_store_gone_worker, 4, pid, fresh, env={**ENV, "RINGREDUCE_MACHINES": "2"},
+        run_ranks(_store_gone_worker, 4, pid, fresh,
+                  env={"RINGREDUCE_TIMEOUT": str(DEADLINE), "RINGREDUCE_MACHINES": "2"},
                   timeout=120, store=("127.0.0.1", port))

@@ -104,7 +104,23 @@ def _exact_worker(rank: int, world: int, machines: int) -> None:
         assert torch.equal(t, ref)
     with ringreduce.Communicator() as comm:  # defaults: 2 MiB flat threshold, auto slices
         sweep(comm, [1000, 3 << 20], dev, dtypes=(torch.float32, torch.bfloat16))
+    for variant in ("RINGREDUCE_PAIR_COMMS", "RINGREDUCE_WAVE_GROUPS"):
+        os.environ[variant] = "0"  # a communicator per stage; then a group per stage too
+        with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm:
+            _check_pairs(comm, paired=False)
+            sweep(comm, [1000, 65537], dev, dtypes=(torch.float32,))
+    for variant in ("RINGREDUCE_PAIR_COMMS", "RINGREDUCE_WAVE_GROUPS"):
+        del os.environ[variant]
     _blocks(rank, world, machines, dev)
+
+
+def _check_pairs(comm: ringreduce.Communicator, paired: bool) -> None:
+    """By default a wave's two stages of a pair go to one NCCL communicator."""
+    comms = comm._res.comms
+    pairs = [("collect", "diffuse")]
+    if comm.topology.devices_per_machine > 1:
+        pairs.append(("reduce_scatter", "all_gather"))
+    assert all((comms[a] is comms[b]) == paired for a, b in pairs), (paired, comms)
 
 
 def _count_stages(comm: ringreduce.Communicator, dev: torch.device) -> None:
@@ -112,6 +128,7 @@ def _count_stages(comm: ringreduce.Communicator, dev: torch.device) -> None:
     with a padding tail must issue every active stage once per slice, and no flat
     all-reduce; a call below min_bytes must issue exactly one flat all-reduce."""
     topo = comm.topology
+    _check_pairs(comm, paired=True)
     counts = count_stage_calls(comm)
     n = 10 * 1024 + 3  # fp32, 4 KiB slices: 10 full slices and a tail
     t = rank_input(topo.rank, n, torch.float32, dev)

@@ -7,8 +7,11 @@ NCCL_HOSTID, ranks sharing GPUs under MPS): the last rank killed mid-operation, 
 but never calling, absent when the first call connects. At one topology (SMALL): a rank
 stopped (SIGSTOP), the rail link cut mid-call (tests/netns.py: a network namespace per
 virtual machine, NCCL_SOCKET_IFNAME on the cable; needs root and ``ip``, or .iproute/),
-a mismatched call (RINGREDUCE_DEBUG=1 names it; without, the deadline ends it), the
-store gone after setup. Each survivor prints one ``[fault ...]`` line (``-s``).
+a mismatched call (a new kind of call, checked by default; with RINGREDUCE_DEBUG=1
+every call; two kinds every rank made before, swapped: only the deadline can tell), the
+store gone after setup. The pipeline faults run with the new-call check off: their calls
+stand for a training step's, which every rank made before and the check skips. Each
+survivor prints one ``[fault ...]`` line (``-s``).
 
 The survivor learns of a failure from ``Communicator.wait_idle()`` (blocks until
 outstanding work is done, or raises the watchdog's RingReduceError) or from its next
@@ -48,8 +51,8 @@ STAGE_ERROR = (r"stage '(reduce_scatter|collect|add|diffuse|all_gather)' failed 
 
 def _env_with_deadline(machines: int, devices: int,
                        extra: dict[str, str] | None = None) -> list[dict[str, str]]:
-    return [{**e, "RINGREDUCE_TIMEOUT": str(DEADLINE), **(extra or {})}
-            for e in _env(machines, devices)]
+    base = {"RINGREDUCE_TIMEOUT": str(DEADLINE), "RINGREDUCE_CHECK_NEW_CALLS": "0"}
+    return [{**e, **base, **(extra or {})} for e in _env(machines, devices)]
 
 
 def _device() -> torch.device:
@@ -241,15 +244,30 @@ def test_gpu_rail_link_cut_mid_call_becomes_an_error() -> None:
 MISMATCHES = {"numel": (torch.float32, 1_000_001), "dtype": (torch.float64, 1_000_000)}
 """What rank 1 calls with while the others call 1,000,000 x float32."""
 
+CHECKS = {"debug": {"RINGREDUCE_DEBUG": "1"}, "new": {"RINGREDUCE_CHECK_NEW_CALLS": "1"},
+          "swap": {"RINGREDUCE_CHECK_NEW_CALLS": "1"}}
+"""How the mismatch meets the checks: every call checked; a kind of call no rank made
+before (the default check); both kinds made by every rank before, then swapped on
+rank 1 (the default check passes both, so only the deadline can tell)."""
 
-def _mismatch_worker(rank: int, world: int, what: str, debug: bool) -> None:
+
+def _mismatch_worker(rank: int, world: int, what: str, check: str) -> None:
     dev = _device()
     comm = _healthy(dev)
-    dtype, n = MISMATCHES[what] if rank == 1 else (torch.float32, 1_000_000)
+    wrong_kind = MISMATCHES[what]
+    if check == "swap":  # every rank makes both calls once, in agreement
+        for dtype, n in ((torch.float32, 1_000_000), wrong_kind):
+            t = torch.ones(n, dtype=dtype, device=dev)
+            comm.all_reduce(t)
+            comm.wait_idle()
+            assert torch.equal(t, torch.full_like(t, float(world)))
+    dtype, n = wrong_kind if rank == 1 else (torch.float32, 1_000_000)
     if rank == 1:
         faults.mark_fault()
-    rule = (r"collective mismatch at operation #2: rank \d+ calls all_reduce\(numel=\d+, "
-            r"dtype=torch.float\d+" if debug else STAGE_ERROR)
+    op = 4 if check == "swap" else 2
+    rule = (STAGE_ERROR if check == "swap" else
+            rf"collective mismatch at operation #{op}: rank \d+ calls all_reduce\(numel=\d+, "
+            r"dtype=torch.float\d+")
     with pytest.raises(ringreduce.RingReduceError, match=rule) as info:
         t = torch.ones(n, dtype=dtype, device=dev)
         comm.all_reduce(t)
@@ -259,9 +277,8 @@ def _mismatch_worker(rank: int, world: int, what: str, debug: bool) -> None:
         wrong = int((t != world).sum())
         print(f"[fault mismatched {what}] rank {rank}: the call RETURNED, {wrong} of {n} "
               f"elements wrong", flush=True)
-    faults.report(f"mismatched {what}, {'RINGREDUCE_DEBUG=1' if debug else 'no debug'}", rank,
-                  info.value, DEADLINE + SLACK)
-    if debug:  # checked before communicating: still usable, every rank names rank 1
+    faults.report(f"mismatched {what}, {check} check", rank, info.value, DEADLINE + SLACK)
+    if check != "swap":  # checked before communicating: still usable, every rank names rank 1
         assert "rank 1 calls" in str(info.value), str(info.value)
         t = torch.ones(1000, device=dev)
         comm.all_reduce(t)
@@ -276,19 +293,19 @@ def _mismatch_worker(rank: int, world: int, what: str, debug: bool) -> None:
 
 NARROW_RANK_RETURNS = pytest.mark.xfail(strict=True, reason=(
     "known gap, measured on one H100 under MPS (benchmarks/results/2026-11-25-h100-"
-    "engine-v2, run 3): NCCL's send/recv do not compare sizes, so the float32 rank's call "
-    "returns with every element wrong, as success, while the float64 rank raises; only "
-    "RINGREDUCE_DEBUG=1 catches it. strict: the day it raises everywhere, this fails"))
+    "engine-v2, run 3): NCCL's send/recv do not compare sizes, so when rank 1 swaps in "
+    "a float64 call every rank made before (the new-call check passed it), the float32 "
+    "ranks' call returns with every element wrong, as success; only RINGREDUCE_DEBUG=1 "
+    "catches it. strict: the day it raises everywhere, this fails"))
 
 
-@pytest.mark.parametrize("what,debug", [
-    ("dtype", True), ("numel", True), ("numel", False),
-    pytest.param("dtype", False, marks=NARROW_RANK_RETURNS)],
-    ids=["dtype-debug", "numel-debug", "numel-no-debug", "dtype-no-debug"])
-def test_gpu_mismatched_call_becomes_an_error(what: str, debug: bool) -> None:
-    extra = {"RINGREDUCE_DEBUG": "1"} if debug else None
-    run_ranks(_mismatch_worker, SMALL[0] * SMALL[1], what, debug, backend="nccl",
-              env=_env_with_deadline(*SMALL, extra), timeout=240)
+@pytest.mark.parametrize("what,check", [
+    ("dtype", "debug"), ("numel", "debug"), ("dtype", "new"), ("numel", "new"),
+    ("numel", "swap"), pytest.param("dtype", "swap", marks=NARROW_RANK_RETURNS)],
+    ids=["dtype-debug", "numel-debug", "dtype-new", "numel-new", "numel-swap", "dtype-swap"])
+def test_gpu_mismatched_call_becomes_an_error(what: str, check: str) -> None:
+    run_ranks(_mismatch_worker, SMALL[0] * SMALL[1], what, check, backend="nccl",
+              env=_env_with_deadline(*SMALL, CHECKS[check]), timeout=240)
 
 
 def _store_gone_worker(rank: int, world: int, server_pid: int, fresh: str) -> None:
@@ -300,4 +317,5 @@ def test_gpu_store_gone_after_setup_is_no_hang_and_no_wrong_result() -> None:
     with faults.store_server() as (port, pid), tempfile.TemporaryDirectory() as folder:
         fresh = f"file://{os.path.join(folder, 'fresh')}"
         run_ranks(_store_gone_worker, SMALL[0] * SMALL[1], pid, fresh, backend="nccl",
-                  env=_env_with_deadline(*SMALL), timeout=240, store=("127.0.0.1", port))
+                  env=_env_with_deadline(*SMALL, {"RINGREDUCE_CHECK_NEW_CALLS": "1"}),
+                  timeout=240, store=("127.0.0.1", port))

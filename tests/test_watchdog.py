@@ -15,6 +15,7 @@ import pytest
 
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import nccl
+from ringreduce.execution.cuda_setup import distinct
 from ringreduce.execution.nccl import library
 from ringreduce.safety.watchdog import Issue, Watchdog
 
@@ -419,3 +420,17 @@ def test_only_the_nccl_package_imports_nccl4py() -> None:
             if any(n == "nccl" or n.startswith("nccl.") for n in names):
                 importers.append(path)
     assert importers and all(p.parent == package for p in importers), importers
+
+
+def test_a_communicator_shared_by_a_stage_pair_is_aborted_and_polled_once() -> None:
+    """Paired stages (Config.pair_comms) share one NCCL communicator: teardown, the
+    abort after a failure and the async-error poll must see it once, named after both
+    stages (NCCL's abort or destroy of a freed communicator is undefined)."""
+    rail, intra, world = object(), object(), object()
+    comms = {"world": world, "reduce_scatter": intra, "all_gather": intra,
+             "collect": rail, "diffuse": rail}
+    got = distinct(comms)
+    assert list(got) == ["world", "reduce_scatter+all_gather", "collect+diffuse"]
+    assert [id(c) for c in got.values()] == [id(world), id(intra), id(rail)]
+    separate = {"collect": rail, "diffuse": object()}
+    assert distinct(separate) == separate

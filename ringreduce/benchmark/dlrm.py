@@ -1,17 +1,9 @@
 """A small DLRM trained with DDP three ways: NCCL, ringreduce's comm hook, and the
 "ringreduce" torch.distributed backend; loss curves and samples/s side by side.
 
-The model: dense features through a bottom MLP; several dense (not sparse-gradient),
-replicated nn.EmbeddingBag tables (mode sum, a fixed number of ids per bag); a
-dot-product interaction of the bottom output with every pooled embedding; a top MLP to
-one click logit. The default (8 tables x 125,000 rows x 32) holds 128 MB of fp32
-embedding gradients, so the all-reduce, not the arithmetic, sets the step time.
-
-The data: per rank and step, deterministic from ``--seed``; dense features N(0, 1);
-ids skewed towards low rows (u**3 of the table), so hot rows recur and can be learnt;
-labels from a fixed random teacher (a linear function of the dense features plus a
-random score per row), so the loss really decreases. Every mode trains a model built
-from the same seed on the same batches.
+The model and data (dlrm_model.py): 8 embedding tables x 125,000 rows x 32 by default,
+128 MB of fp32 embedding gradients, so the all-reduce, not the arithmetic, sets the step
+time; every mode trains a model built from the same seed on the same batches.
 
 Modes (``--modes``, run one after another in one process lifetime):
   nccl     plain DDP on the process group's own backend (NCCL; gloo with --device cpu)
@@ -38,7 +30,6 @@ import argparse
 import dataclasses
 import datetime
 import functools
-import itertools
 import json
 import os
 import sys
@@ -53,22 +44,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import ringreduce
 
 from ..integrations.backend import RingReduceGroup
+from .dlrm_model import Batch, Spec, build_model, grad_bytes, make_batches
 from .launch import Launch, detect, nccl_variables, run_ranks
 
 MODES = ("nccl", "hook", "backend")
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    """Model shape. Gradient bytes: about tables * rows * dim * 4 (the MLPs add ~1 MB)."""
-
-    tables: int = 8
-    rows: int = 125_000
-    dim: int = 32
-    bag: int = 4  # ids per bag (DLRM's pooling factor)
-    dense: int = 13  # Criteo's dense feature count
-    bottom: tuple[int, ...] = (512, 256)
-    top: tuple[int, ...] = (512, 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +55,7 @@ class Options:
     """One run; the same on every rank."""
 
     modes: tuple[str, ...] = MODES
-    spec: Spec = Spec()
+    spec: Spec = dataclasses.field(default_factory=Spec)
     batch: int = 2048  # per rank
     steps: int = 60
     warmup: int = 10
@@ -85,70 +64,6 @@ class Options:
     bucket_mb: float = 25.0  # DDP's default bucket cap
     machines: int | None = None  # Communicator(machines=...); None: from host ids
     min_bytes: int | None = None  # Communicator(min_bytes=...); None: its default
-
-
-def mlp(sizes: list[int]) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for a, b in itertools.pairwise(sizes):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers[:-1])  # the caller decides what follows the last layer
-
-
-class DLRM(nn.Module):
-    """forward(dense (B, F), ids (T, B, bag)) -> click logits (B,)."""
-
-    def __init__(self, spec: Spec) -> None:
-        super().__init__()
-        self.bottom = mlp([spec.dense, *spec.bottom, spec.dim])
-        self.tables = nn.ModuleList(nn.EmbeddingBag(spec.rows, spec.dim, mode="sum")
-                                    for _ in range(spec.tables))
-        pairs = torch.triu_indices(spec.tables + 1, spec.tables + 1, offset=1)
-        self.register_buffer("pairs", pairs, persistent=False)
-        self.top = mlp([spec.dim + pairs.shape[1], *spec.top, 1])
-
-    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.bottom(dense))
-        z = torch.stack([x, *(table(ids[t]) for t, table in enumerate(self.tables))], dim=1)
-        dots = torch.bmm(z, z.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
-        return self.top(torch.cat([x, dots], dim=1)).squeeze(1)
-
-
-def build_model(spec: Spec, seed: int) -> DLRM:
-    """DLRM's initialisation from a private generator: the same weights in every mode,
-    whatever else drew from torch's global generator."""
-    model, g = DLRM(spec), torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.EmbeddingBag):
-                bound = module.num_embeddings ** -0.5
-                module.weight.uniform_(-bound, bound, generator=g)
-            elif isinstance(module, nn.Linear):
-                fan_out, fan_in = module.weight.shape
-                module.weight.normal_(0.0, (2.0 / (fan_in + fan_out)) ** 0.5, generator=g)
-                module.bias.normal_(0.0, fan_out ** -0.5, generator=g)
-    return model
-
-
-Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-
-
-def make_batches(opts: Options, rank: int, device: torch.device) -> list[Batch]:
-    """Every step's (dense, ids, labels) of this rank, made before any timing."""
-    spec = opts.spec
-    teacher = torch.Generator().manual_seed(opts.seed + 1)  # the same on every rank
-    w_dense = torch.randn(spec.dense, generator=teacher) / spec.dense ** 0.5
-    row_score = torch.randn(spec.tables, spec.rows, generator=teacher)
-    g = torch.Generator().manual_seed(opts.seed * 100_003 + 1 + rank)
-    batches = []
-    for _ in range(opts.steps):
-        dense = torch.randn(opts.batch, spec.dense, generator=g)
-        skew = torch.rand(spec.tables, opts.batch, spec.bag, generator=g) ** 3
-        ids = (skew * spec.rows).long()
-        pooled = torch.stack([row_score[t][ids[t]].mean(1) for t in range(spec.tables)])
-        logit = dense @ w_dense + pooled.sum(0) / spec.tables ** 0.5
-        labels = (logit > 0).float()
-        batches.append((dense.to(device), ids.to(device), labels.to(device)))
-    return batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,21 +158,13 @@ def engine(mode: str, opts: Options, groups: Groups,
 def run_modes(opts: Options, device: torch.device) -> list[ModeRun]:
     """Every mode of ``opts`` in turn, inside an initialised process group."""
     groups = make_groups(device)
-    batches = make_batches(opts, dist.get_rank(), device)
+    batches = make_batches(opts.spec, opts.steps, opts.batch, opts.seed, dist.get_rank(), device)
     runs = []
     for mode in opts.modes:
         runs.append(train_mode(mode, opts, batches, groups, device))
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the next mode starts from the same free memory
     return runs
-
-
-def grad_bytes(spec: Spec) -> int:
-    """fp32 gradient bytes per step: every parameter (all are dense and replicated)."""
-    small = DLRM(dataclasses.replace(spec, rows=1))  # the MLPs, without allocating tables
-    mlps = sum(p.numel() for name, p in small.named_parameters()
-               if not name.startswith("tables."))
-    return 4 * (mlps + spec.tables * spec.rows * spec.dim)
 
 
 def table(runs: list[ModeRun]) -> str:

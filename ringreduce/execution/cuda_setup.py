@@ -58,15 +58,17 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
         split = functools.partial(nccl.split, root, deadline=deadline, blocking=blocking)
         if blocking:
             comms["root"], comms["world"] = root, split(0, topo.rank)
-        if topo.devices_per_machine > 1:
-            for stage in ("reduce_scatter", "all_gather"):
-                comms[stage] = split(topo.machine_index, topo.device_index)
-        if topo.machines > 1:
-            for stage in ("collect", "diffuse"):
-                comms[stage] = split(topo.device_index, topo.machine_index,
-                                     channels_per_net_peer=config.rail_channels)
+        pair = config.wave_groups and config.pair_comms
+        for first, second, color, key, channels in (
+                ("reduce_scatter", "all_gather", topo.machine_index, topo.device_index, None),
+                ("collect", "diffuse", topo.device_index, topo.machine_index,
+                 config.rail_channels)):
+            if (topo.devices_per_machine if first == "reduce_scatter" else topo.machines) > 1:
+                comms[first] = split(color, key, channels_per_net_peer=channels)
+                comms[second] = (comms[first] if pair else
+                                 split(color, key, channels_per_net_peer=channels))
     except RingReduceError:
-        for comm in comms.values():  # aborting the parent stops a split in progress
+        for comm in distinct(comms).values():  # aborting the parent stops a split in progress
             nccl.abort(comm)
         raise
     res.nccl_version = nccl.version()
@@ -84,7 +86,19 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
     res.watchdog.start()  # before the first call: its connection setup may hang
     res.release_steps += [
         lambda c=c, b=blocking and name != "root": finalize(res, c, timeout_s, b)
-        for name, c in comms.items()]
+        for name, c in distinct(comms).items()]
+
+
+def distinct(comms: dict[str, Any]) -> dict[str, Any]:
+    """Each NCCL communicator once, named after every stage it carries
+    (``reduce_scatter+all_gather`` when paired): finalizing or aborting one twice
+    is undefined in NCCL."""
+    names: dict[int, list[str]] = {}
+    first: dict[int, Any] = {}
+    for name, comm in comms.items():
+        names.setdefault(id(comm), []).append(name)
+        first.setdefault(id(comm), comm)
+    return {"+".join(names[key]): comm for key, comm in first.items()}
 
 
 def build_replay(res: Resources, config: Config) -> None:
@@ -149,7 +163,7 @@ def abort_together(comms: dict[str, Any], device: torch.device) -> None:
 
     threads = {name: threading.Thread(target=abort, args=(comm,), daemon=True,
                                       name=f"ringreduce-abort-{name}")
-               for name, comm in comms.items()}
+               for name, comm in distinct(comms).items()}
     for t in threads.values():
         t.start()
     deadline = time.monotonic() + _ABORT_WAIT_S
@@ -164,7 +178,7 @@ def abort_together(comms: dict[str, Any], device: torch.device) -> None:
 
 def async_error(comms: dict[str, Any]) -> str | None:
     """The first NCCL asynchronous error over ringreduce's communicators, named."""
-    for name, comm in comms.items():
+    for name, comm in distinct(comms).items():
         message = nccl.async_error(comm)
         if message:
             return f"{name} communicator: {message}"

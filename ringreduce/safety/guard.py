@@ -1,8 +1,13 @@
 """What keeps a failure from becoming a hang or silent corruption.
 
-* ``agree``: opt-in (``RINGREDUCE_DEBUG=1``) cross-rank fingerprint of every call,
-  compared through the store *before* anything is communicated; a mismatch raises on
-  every rank naming both ranks and both calls (NCCL would hang or mix up data).
+* ``agree``: a cross-rank fingerprint of a call (kind, numel, dtype, op), compared
+  through the store *before* anything is communicated; a mismatch raises on every rank
+  naming both ranks and both calls. NCCL's send/recv do not compare sizes, so a rank
+  whose peer sends a longer or shorter message can return wrong values as success.
+  By default (``check_new_calls``) each rank checks the first call of every fingerprint
+  it has not seen yet, one store round trip per new kind of call and none in a steady
+  stream of DDP buckets; ``RINGREDUCE_DEBUG=1`` checks every call, which also catches
+  ranks that swap two fingerprints each has seen before.
 * ``fail``: the first failed operation poisons the communicator (like torch's NCCL
   process group after a watchdog abort): later calls raise at once instead of
   talking to peers in an unknown state; the flight recorder is dumped once.
@@ -10,6 +15,7 @@
 
 from __future__ import annotations
 
+import collections
 import datetime
 import time
 
@@ -18,6 +24,19 @@ import torch.distributed as dist
 
 from ringreduce.errors import RingReduceError, stage_error
 from ringreduce.safety.flight import FlightRecorder, Record
+
+SEEN_LIMIT = 4096
+"""Fingerprints a communicator remembers as checked. A workload with more distinct
+calls than this pays a store round trip for each one it has forgotten."""
+
+
+_DIVERGED = ("; a rank whose call at this point is one it has made before does not check "
+             "it, so the ranks' calls may have diverged (RINGREDUCE_DEBUG=1 checks every "
+             "call and names both)")
+
+
+def fingerprint(t: torch.Tensor, op: str, kind: str) -> str:
+    return f"{kind}(numel={t.numel()}, dtype={t.dtype}, op={op})"
 
 
 class Guard:
@@ -31,7 +50,10 @@ class Guard:
         """Number of the operation that failed first (0: none, or unknown)."""
         self.checks = 0
         """Calls checked so far: the store key of a check, so a retry after a mismatch
-        never reads the previous attempt's fingerprints."""
+        never reads the previous attempt's fingerprints. Ranks that make the same calls
+        check the same calls, so their counts agree in either mode."""
+        self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Fingerprints every rank agreed on, most recent last (at most SEEN_LIMIT)."""
 
     def check_usable(self) -> None:
         if self.failure is not None:
@@ -40,11 +62,25 @@ class Guard:
                 f"operation failed ({self.failure}); its peers are in an unknown state: "
                 "restart the job, or re-create the process group and the Communicator")
 
-    def agree(self, op_number: int, t: torch.Tensor, op: str, kind: str = "all_reduce") -> None:
+    def agree_if_new(self, op_number: int, t: torch.Tensor, op: str, kind: str) -> None:
+        """``agree`` on the first call of a fingerprint this rank has not seen (or has
+        forgotten: the last SEEN_LIMIT are kept, so memory stays bounded and every rank
+        forgets the same ones)."""
+        mine = fingerprint(t, op, kind)
+        if mine in self.seen:
+            self.seen.move_to_end(mine)
+            return
+        self.agree(op_number, t, op, kind, "first call of its kind")
+        self.seen[mine] = None
+        if len(self.seen) > SEEN_LIMIT:
+            self.seen.popitem(last=False)
+
+    def agree(self, op_number: int, t: torch.Tensor, op: str, kind: str = "all_reduce",
+              why: str = "RINGREDUCE_DEBUG") -> None:
         """Every rank must be about to run the same call; raise on every rank if not."""
         self.checks += 1
         n = self.checks
-        mine = f"{kind}(numel={t.numel()}, dtype={t.dtype}, op={op})"
+        mine = fingerprint(t, op, kind)
         keys = [f"fp/{n}/{r}" for r in range(self.world_size)]
         try:  # the store may be gone (its server exited): that too is an error, not a hang
             self.store.set(keys[self.rank], mine)
@@ -52,10 +88,11 @@ class Guard:
             calls = [self.store.get(key).decode() for key in keys]
         except Exception as exc:
             raise stage_error(
-                "debug check", self.rank, f"operation #{op_number} (RINGREDUCE_DEBUG check)",
+                "call check", self.rank, f"operation #{op_number} ({why} check of {mine})",
                 range(self.world_size),
                 f"not every rank reached it within {self.timeout.total_seconds():.0f} s, or "
-                f"the store failed: {exc}") from exc
+                f"the store failed: {exc}{_DIVERGED if why != 'RINGREDUCE_DEBUG' else ''}"
+            ) from exc
         for r, theirs in enumerate(calls):
             if theirs != mine:
                 raise RingReduceError(

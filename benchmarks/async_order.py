@@ -1,0 +1,90 @@
+"""Does the native-async worker hang only when another thread issues NCCL work beside it?
+
+    python3 benchmarks/emulate.py --physical-gpus 1 --machines 2 --gpus-per-machine 2 \\
+        --mode loopback --script benchmarks/async_order.py -- --phase mixed
+
+The hypothesis (benchmarks/results/2026-11-23-h200-native and -2026-11-25-h100-engine-v2):
+NCCL forbids issuing on independent communicators of one device from several threads at
+once, because the order in which kernels reach the device's hardware queues then differs
+between ranks, and a kernel that waits for a peer can sit in front of the kernel that
+peer needs. The worker (RINGREDUCE_ISSUER=native-async) issues ringreduce's jobs while
+the caller's thread goes on; the tests and benchmarks that hung also made torch NCCL
+calls on the caller's thread meanwhile.
+
+Each phase makes ``--calls`` asynchronous 25 MiB all-reduces (AVG of identical
+integers, so the tensor stays exact however often it is reduced), ``--in-flight`` at a
+time, after the programs are warm:
+  alone   nothing else: the worker is the only thread issuing NCCL work
+  mixed   after every call the caller's thread issues a small torch NCCL all-reduce
+Rank 0 prints one line per phase: completed (seconds), or the RingReduceError the
+watchdog raised at the deadline. One phase per process, so a failed one cannot
+poison the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import ringreduce
+from ringreduce.benchmark.launch import Launch, run_ranks
+
+
+def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_flight: int,
+              machines: int | None) -> None:
+    os.environ["RINGREDUCE_ISSUER"] = "native-async"  # read at construction
+    comm = ringreduce.Communicator(machines=machines)
+    assert comm.describe().endswith("issuer=native-async"), comm.describe()
+    n = 25 * 2**20 // 4
+    x = ((torch.arange(n, device=device) * 7) % 11 - 5).float()  # the same on every rank
+    want, small = x.clone(), torch.ones(1, device=device)
+    for _ in range(70):  # every staging slot position traced, issued, waited for
+        comm.all_reduce(x, op=dist.ReduceOp.AVG)
+    torch.cuda.synchronize(device)
+    dist.barrier()
+    started, outcome = time.monotonic(), "completed"
+    try:
+        pending = []
+        for i in range(calls):
+            pending.append(comm.all_reduce(x, op=dist.ReduceOp.AVG, async_op=True))
+            if phase == "mixed":
+                dist.all_reduce(small)  # torch's NCCL, on the caller's thread
+            if len(pending) == in_flight or i == calls - 1:
+                for fut in pending:
+                    fut.wait()
+                pending.clear()
+        comm.wait_idle()
+        torch.cuda.synchronize(device)
+        wrong = int((x != want).sum())
+        outcome = f"completed, {wrong} elements wrong"
+    except ringreduce.RingReduceError as exc:
+        outcome = f"RingReduceError: {str(exc)[:300]}"
+    seconds = time.monotonic() - started
+    print(f"[async-order] rank {launch.rank} phase={phase} calls={calls} "
+          f"in_flight={in_flight}: {outcome} after {seconds:.1f} s", flush=True)
+    os._exit(0)  # a poisoned communicator's teardown is not what is measured here
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--machines", type=int, default=None, help="(emulate.py passes it)")
+    p.add_argument("--phase", choices=("alone", "mixed"), required=True)
+    p.add_argument("--calls", type=int, default=64)
+    p.add_argument("--in-flight", type=int, default=8)
+    args = p.parse_args()
+    if "NCCL_HOSTID" in os.environ and "RANK" in os.environ:
+        os.environ["NCCL_HOSTID"] += f"-rank{os.environ['RANK']}"  # ranks share a GPU
+    run_ranks(lambda launch, device: rank_body(launch, device, args.phase, args.calls,
+                                               args.in_flight, args.machines))
+
+
+if __name__ == "__main__":
+    main()

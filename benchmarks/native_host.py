@@ -103,9 +103,12 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
               machines: int | None, slices: list[int]) -> None:
     n = size // 4
     comms = build_comms(machines, slices)
+    if launch.rank == 0:
+        print(f"# built {len(comms)} communicators", flush=True)
     base = ((torch.arange(n, device=device) * 7 + launch.rank * 3) % 11 - 5).float()
     reference = base.clone()
     dist.all_reduce(reference)
+    say = print if launch.rank == 0 else (lambda *a, **k: None)
     for name, comm in comms.items():  # exact, sync and async, twice (programs replayed)
         for async_op in (False, True, False, True):
             t = base.clone()
@@ -114,6 +117,7 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
                 fut.wait()
             torch.cuda.synchronize(device)
             assert torch.equal(t, reference), f"{name} async={async_op}: wrong result"
+        say(f"# exact: {name} ({comm.describe()})", flush=True)
     x = base.clone()
     ways: dict[str, Callable[[], object]] = {
         "nccl sync": lambda: dist.all_reduce(x),
@@ -126,11 +130,13 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
         for _ in range(5 if name.startswith("nccl") else 70):  # 64 staging slots at 2 x 2
             call()
         torch.cuda.synchronize(device)  # one communicator's work at a time across ranks
+        say(f"# warm: {name}", flush=True)
     torch.cuda.synchronize(device)
     rows = {}
     for name, call in ways.items():
         idle = idle_host_us(call, calls, device)
         rows[name] = (idle, *stream_cost(call, calls, device))
+        say(f"# measured: {name}", flush=True)
     profiles = {}
     for name in ("native sync", "native async"):  # where the remaining host time goes
         profile = cProfile.Profile()

@@ -3,20 +3,23 @@
     python3 benchmarks/emulate.py --physical-gpus 1 --machines 2 --gpus-per-machine 2 \\
         --mode loopback --script benchmarks/async_order.py -- --phase mixed
 
-The hypothesis (benchmarks/results/2026-11-23-h200-native and -2026-11-25-h100-engine-v2):
+The hypothesis it was written to test (results 2026-11-23-h200-native):
 NCCL forbids issuing on independent communicators of one device from several threads at
 once, because the order in which kernels reach the device's hardware queues then differs
 between ranks, and a kernel that waits for a peer can sit in front of the kernel that
 peer needs. The worker (RINGREDUCE_ISSUER=native-async) issues ringreduce's jobs while
 the caller's thread goes on; the tests and benchmarks that hung also made torch NCCL
-calls on the caller's thread meanwhile.
+calls on the caller's thread meanwhile. Measured since (results 2026-11-25-h100-engine-v2,
+run 8): the worker hung already in the 70 synchronous warm-up calls, with no other thread
+issuing NCCL work, so that hypothesis does not explain it.
 
 Each phase makes ``--calls`` asynchronous 25 MiB all-reduces (AVG of identical
 integers, so the tensor stays exact however often it is reduced), ``--in-flight`` at a
 time, after the programs are warm:
   alone   nothing else: the worker is the only thread issuing NCCL work
   mixed   after every call the caller's thread issues a small torch NCCL all-reduce
-Rank 0 prints one line per phase: completed (seconds), or the RingReduceError the
+``--issuer native`` runs the same calls on the caller's thread, the control. Every rank
+prints one line per phase: completed (seconds), or the RingReduceError the
 watchdog raised at the deadline. One phase per process, so a failed one cannot
 poison the other.
 """
@@ -39,16 +42,18 @@ from ringreduce.benchmark.launch import Launch, run_ranks
 
 
 def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_flight: int,
-              machines: int | None) -> None:
-    os.environ["RINGREDUCE_ISSUER"] = "native-async"  # read at construction
+              machines: int | None, issuer: str) -> None:
+    os.environ["RINGREDUCE_ISSUER"] = issuer  # read at construction
     comm = ringreduce.Communicator(machines=machines)
-    assert comm.describe().endswith("issuer=native-async"), comm.describe()
+    assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
     n = 25 * 2**20 // 4
     x = ((torch.arange(n, device=device) * 7) % 11 - 5).float()  # the same on every rank
     want, small = x.clone(), torch.ones(1, device=device)
     for _ in range(70):  # every staging slot position traced, issued, waited for
         comm.all_reduce(x, op=dist.ReduceOp.AVG)
     torch.cuda.synchronize(device)
+    print(f"[async-order] rank {launch.rank} issuer={issuer}: 70 synchronous calls done",
+          flush=True)
     dist.barrier()
     started, outcome = time.monotonic(), "completed"
     try:
@@ -68,7 +73,7 @@ def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_f
     except ringreduce.RingReduceError as exc:
         outcome = f"RingReduceError: {str(exc)[:300]}"
     seconds = time.monotonic() - started
-    print(f"[async-order] rank {launch.rank} phase={phase} calls={calls} "
+    print(f"[async-order] rank {launch.rank} issuer={issuer} phase={phase} calls={calls} "
           f"in_flight={in_flight}: {outcome} after {seconds:.1f} s", flush=True)
     os._exit(0)  # a poisoned communicator's teardown is not what is measured here
 
@@ -79,11 +84,13 @@ def main() -> None:
     p.add_argument("--phase", choices=("alone", "mixed"), required=True)
     p.add_argument("--calls", type=int, default=64)
     p.add_argument("--in-flight", type=int, default=8)
+    p.add_argument("--issuer", choices=("native-async", "native"), default="native-async",
+                   help="native: the same calls issued on the caller's thread (the control)")
     args = p.parse_args()
     if "NCCL_HOSTID" in os.environ and "RANK" in os.environ:
         os.environ["NCCL_HOSTID"] += f"-rank{os.environ['RANK']}"  # ranks share a GPU
     run_ranks(lambda launch, device: rank_body(launch, device, args.phase, args.calls,
-                                               args.in_flight, args.machines))
+                                               args.in_flight, args.machines, args.issuer))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,6 @@ table, JSON and plot (report.py), ``--host-profile`` (profile.py), and the comma
 line (cli.py); beside it, the workloads the GPU suites run: DDP training of a DLRM-style
 model three ways (dlrm.py, its model and data in dlrm_model.py) and sharded embeddings
 (sharded_embedding.py), and the exact inputs every check uses (exact.py). The library
-never imports it; it reads the engine only through the
-Communicator and its flight record.
+never imports it; it reads the engine only through the Communicator and its flight
+record.
 """

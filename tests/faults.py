@@ -23,7 +23,7 @@ from .cases import check_equal, expected, rank_input
 
 
 def store() -> dist.Store:
-    """The default group's store (run_ranks: a FileStore, or the test's TCPStore)."""
+    """The default group's store (run_test_ranks: a FileStore, or the test's TCPStore)."""
     return dist.distributed_c10d._get_default_store()
 
 

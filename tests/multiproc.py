@@ -1,4 +1,4 @@
-"""``run_ranks``: run a function on N local processes joined by torch.distributed.
+"""``run_test_ranks``: run a function on N local processes joined by torch.distributed.
 
 Rendezvous goes through a FileStore in a temporary directory (no fixed ports). A
 rank that raises sends its traceback back; a rank that hangs past the deadline is
@@ -26,7 +26,7 @@ Env = dict[str, str] | list[dict[str, str]]
 """Variables for every rank, or one dict per rank (lambdas do not survive spawn)."""
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
+def run_test_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
               env: Env | None = None, timeout: float = 300.0,
               expect_exit: dict[int, int] | None = None,
               store: tuple[str, int] | None = None) -> None:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import ringreduce
 
 from .cases import interleaved, sizes_for, sweep
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 
 CPU = torch.device("cpu")
 TOPOLOGIES = [(2, 2), (1, 4), (4, 1), (3, 2), (2, 3)]  # (machines, devices per machine)
@@ -53,7 +53,7 @@ def _sweep_worker(rank: int, world: int, machines: int) -> None:
 
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=[f"{m}x{d}" for m, d in TOPOLOGIES])
 def test_every_size_dtype_op_is_exact(machines: int, devices: int) -> None:
-    run_ranks(_sweep_worker, machines * devices, machines)
+    run_test_ranks(_sweep_worker, machines * devices, machines)
 
 
 def _slices_worker(rank: int, world: int) -> None:
@@ -67,7 +67,7 @@ def _slices_worker(rank: int, world: int) -> None:
 
 
 def test_slices_flow_through_every_stage() -> None:
-    run_ranks(_slices_worker, 4)
+    run_test_ranks(_slices_worker, 4)
 
 
 def _fast_path_worker(rank: int, world: int) -> None:
@@ -82,7 +82,7 @@ def _fast_path_worker(rank: int, world: int) -> None:
 
 
 def test_small_tensors_take_the_flat_route() -> None:
-    run_ranks(_fast_path_worker, 4)
+    run_test_ranks(_fast_path_worker, 4)
 
 
 def _standalone_worker(rank: int, world: int) -> None:
@@ -95,7 +95,8 @@ def _standalone_worker(rank: int, world: int) -> None:
 
 
 def test_standalone_all_reduce_with_env_machines() -> None:
-    run_ranks(_standalone_worker, 4, env={"RINGREDUCE_MACHINES": "2", "RINGREDUCE_MIN_BYTES": "0"})
+    run_test_ranks(_standalone_worker, 4,
+                   env={"RINGREDUCE_MACHINES": "2", "RINGREDUCE_MIN_BYTES": "0"})
 
 
 def _host_detection_worker(rank: int, world: int) -> None:
@@ -108,7 +109,7 @@ def _host_detection_worker(rank: int, world: int) -> None:
 
 def test_machines_detected_from_host_identity() -> None:
     hosts = [{"NCCL_HOSTID": f"host{rank % 2}"} for rank in range(6)]
-    run_ranks(_host_detection_worker, 6, env=hosts)
+    run_test_ranks(_host_detection_worker, 6, env=hosts)
 
 
 def _uneven_worker(rank: int, world: int) -> None:
@@ -119,4 +120,4 @@ def _uneven_worker(rank: int, world: int) -> None:
 
 def test_unequal_machines_are_rejected() -> None:
     hosts = ("big", "big", "small")
-    run_ranks(_uneven_worker, 3, env=[{"NCCL_HOSTID": h} for h in hosts])
+    run_test_ranks(_uneven_worker, 3, env=[{"NCCL_HOSTID": h} for h in hosts])

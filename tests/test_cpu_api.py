@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
 
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 
 
 def _bad_input_worker(rank: int, world: int) -> None:
@@ -45,7 +45,7 @@ def _bad_input_worker(rank: int, world: int) -> None:
 
 
 def test_bad_input_raises_before_communicating() -> None:
-    run_ranks(_bad_input_worker, 4)
+    run_test_ranks(_bad_input_worker, 4)
 
 
 def model() -> nn.Module:
@@ -84,4 +84,4 @@ def _ddp_worker(rank: int, world: int) -> None:
 
 
 def test_ddp_hook_matches_plain_ddp() -> None:
-    run_ranks(_ddp_worker, 4)
+    run_test_ranks(_ddp_worker, 4)

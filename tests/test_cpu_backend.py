@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ringreduce.integrations.backend import RingReduceGroup
 
 from .cases import DTYPES, OPS, check_equal, expected, rank_input
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 from .test_cpu_api import model, train
 
 CPU = torch.device("cpu")
@@ -60,7 +60,7 @@ def _collectives_worker(rank: int, world: int) -> None:
 
 def test_backend_all_reduce_goes_through_the_engine(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
-    run_ranks(_collectives_worker, 4, backend="ringreduce", env=ENV)
+    run_test_ranks(_collectives_worker, 4, backend="ringreduce", env=ENV)
 
 
 def other_collectives(rank: int, world: int, rounds: int,
@@ -104,7 +104,7 @@ def other_collectives(rank: int, world: int, rounds: int,
 
 
 def test_other_collectives_are_the_backends_and_do_not_deadlock() -> None:
-    run_ranks(other_collectives, 4, 300, backend="ringreduce", env=ENV, timeout=120)
+    run_test_ranks(other_collectives, 4, 300, backend="ringreduce", env=ENV, timeout=120)
 
 
 def _torch_apis_worker(rank: int, world: int) -> None:
@@ -143,7 +143,7 @@ def _torch_apis_worker(rank: int, world: int) -> None:
 
 
 def test_torch_apis_work_on_the_backend() -> None:
-    run_ranks(_torch_apis_worker, 4, backend="ringreduce", env=ENV)
+    run_test_ranks(_torch_apis_worker, 4, backend="ringreduce", env=ENV)
 
 
 def _ddp_worker(rank: int, world: int) -> None:
@@ -158,7 +158,7 @@ def _ddp_worker(rank: int, world: int) -> None:
 
 
 def test_ddp_without_a_hook_on_the_backend_matches_gloo() -> None:
-    run_ranks(_ddp_worker, 4, backend="ringreduce", env=ENV)
+    run_test_ranks(_ddp_worker, 4, backend="ringreduce", env=ENV)
 
 
 def test_registration_is_idempotent() -> None:

@@ -9,7 +9,7 @@ import torch
 import ringreduce
 
 from .cases import block_sweep
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 
 CPU = torch.device("cpu")
 
@@ -34,14 +34,14 @@ def _sweep_worker(rank: int, world: int, machines: int | None) -> None:
 @pytest.mark.parametrize("machines,world", [(2, 4), (3, 6), (1, 4), (4, 4)],
                          ids=["2x2", "3x2", "1x4", "4x1"])
 def test_block_collectives_are_exact(machines: int, world: int) -> None:
-    run_ranks(_sweep_worker, world, machines)
+    run_test_ranks(_sweep_worker, world, machines)
 
 
 def test_interleaved_machines_keep_rank_order() -> None:
     """Hosts alternate by rank (0,2 on one machine, 1,3 on the other): blocks must
     still land in group-rank order."""
     env = [{"NCCL_HOSTID": f"host{r % 2}"} for r in range(4)]
-    run_ranks(_sweep_worker, 4, None, env=env)
+    run_test_ranks(_sweep_worker, 4, None, env=env)
 
 
 def _bad_input_worker(rank: int, world: int) -> None:
@@ -64,4 +64,4 @@ def _bad_input_worker(rank: int, world: int) -> None:
 
 
 def test_bad_block_shapes_raise_before_communicating() -> None:
-    run_ranks(_bad_input_worker, 4)
+    run_test_ranks(_bad_input_worker, 4)

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
 
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 
 HIERARCHY = {"RINGREDUCE_MACHINES": "2", "RINGREDUCE_MIN_BYTES": "0"}
 N = 4099  # not a multiple of D * M: the tail goes through a padding slot too
@@ -73,7 +73,7 @@ def tracked_worker(rank: int, world: int) -> None:
 
 
 def test_tensors_autograd_tracks_reduce_in_place() -> None:
-    run_ranks(tracked_worker, 4)
+    run_test_ranks(tracked_worker, 4)
 
 
 def backend_tracked_worker(rank: int, world: int) -> None:
@@ -83,7 +83,7 @@ def backend_tracked_worker(rank: int, world: int) -> None:
 
 
 def test_backend_reduces_tensors_autograd_tracks() -> None:
-    run_ranks(backend_tracked_worker, 4, backend="ringreduce", env=HIERARCHY)
+    run_test_ranks(backend_tracked_worker, 4, backend="ringreduce", env=HIERARCHY)
 
 
 class _Squares(nn.Module):
@@ -114,7 +114,7 @@ def create_graph_worker(rank: int, world: int) -> None:
 
 
 def test_ddp_create_graph_on_the_backend() -> None:
-    run_ranks(create_graph_worker, 4, backend="ringreduce", env=HIERARCHY)
+    run_test_ranks(create_graph_worker, 4, backend="ringreduce", env=HIERARCHY)
 
 
 DEADLINE = 4.0
@@ -154,5 +154,5 @@ def _failed_work_worker(rank: int, world: int, how: str) -> None:
 @pytest.mark.parametrize("how", ["sync", "work", "future"])
 def test_a_failed_all_reduce_raises_from_the_call_that_asks(how: str) -> None:
     env = {**HIERARCHY, "RINGREDUCE_TIMEOUT": str(DEADLINE)}
-    run_ranks(_failed_work_worker, 4, how, backend="ringreduce", env=env, timeout=120,
-              expect_exit={3: -signal.SIGKILL})
+    run_test_ranks(_failed_work_worker, 4, how, backend="ringreduce", env=env, timeout=120,
+                   expect_exit={3: -signal.SIGKILL})

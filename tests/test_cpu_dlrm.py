@@ -28,7 +28,7 @@ import torch
 
 from ringreduce.benchmark.dlrm import Options, Spec, run_modes
 
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 
 LOSS_TOL = 1e-5
 TINY = Spec(tables=3, rows=50, dim=8, bag=3, bottom=(16,), top=(16,))
@@ -57,7 +57,7 @@ def _dlrm_worker(rank: int, world: int, modes: tuple[str, ...]) -> None:
 
 
 def test_dlrm_hook_matches_plain_gloo() -> None:
-    run_ranks(_dlrm_worker, 4, ("nccl", "hook"))
+    run_test_ranks(_dlrm_worker, 4, ("nccl", "hook"))
 
 
 def test_dlrm_command_line_runs() -> None:

@@ -18,7 +18,7 @@ import ringreduce
 from ringreduce.benchmark.sharded_embedding import RowShardedEmbeddingBag, shard_bounds
 
 from .cases import check_equal
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 
 ROWS, DIM, BAGS = 103, 5, 6  # 103 = 4 * 25 + 3: shards of 26, 26, 26, 25 rows
 
@@ -97,7 +97,7 @@ def _embedding_worker(rank: int, world: int) -> None:
 
 
 def test_sharded_embedding_matches_unsharded() -> None:
-    run_ranks(_embedding_worker, 4)
+    run_test_ranks(_embedding_worker, 4)
 
 
 def test_shards_cover_the_table_in_order() -> None:

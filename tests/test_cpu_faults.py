@@ -24,7 +24,7 @@ import torch
 import ringreduce
 
 from . import faults, netns
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 
 DEADLINE = 3.0
 SLACK = 8.0  # process scheduling on a 2-core CI machine with 4 ranks
@@ -82,7 +82,7 @@ def _absent_worker(rank: int, world: int, folder: str) -> None:
 def test_rank_that_never_calls_becomes_an_error() -> None:
     with tempfile.TemporaryDirectory() as folder:
         env = {**ENV, "RINGREDUCE_FLIGHT_FILE": os.path.join(folder, "flight-{rank}.json")}
-        run_ranks(_absent_worker, 4, folder, env=env, timeout=120)
+        run_test_ranks(_absent_worker, 4, folder, env=env, timeout=120)
 
 
 def _killed_worker(rank: int, world: int) -> None:
@@ -97,7 +97,7 @@ def _killed_worker(rank: int, world: int) -> None:
 
 
 def test_rank_killed_mid_operation_becomes_an_error() -> None:
-    run_ranks(_killed_worker, 4, env=ENV, timeout=120, expect_exit={3: -signal.SIGKILL})
+    run_test_ranks(_killed_worker, 4, env=ENV, timeout=120, expect_exit={3: -signal.SIGKILL})
 
 
 def _stopped_worker(rank: int, world: int) -> None:
@@ -120,7 +120,7 @@ def _stopped_worker(rank: int, world: int) -> None:
 
 
 def test_rank_stopped_past_the_deadline_becomes_an_error() -> None:
-    run_ranks(_stopped_worker, 4, env=ENV, timeout=120, expect_exit={3: -signal.SIGKILL})
+    run_test_ranks(_stopped_worker, 4, env=ENV, timeout=120, expect_exit={3: -signal.SIGKILL})
 
 
 def _cut_worker(rank: int, world: int, link: netns.Link) -> None:
@@ -152,7 +152,7 @@ def test_rail_link_cut_mid_call_becomes_an_error() -> None:
         pytest.skip(link)
     try:
         env = [{**ENV, **link.rank_env(r // 2)} for r in range(4)]
-        run_ranks(_cut_worker, 4, link, env=env, timeout=120)
+        run_test_ranks(_cut_worker, 4, link, env=env, timeout=120)
     finally:
         netns.remove(link)
 
@@ -178,7 +178,7 @@ def _mismatch_worker(rank: int, world: int) -> None:
 
 
 def test_mismatched_calls_raise_on_every_rank() -> None:
-    run_ranks(_mismatch_worker, 4, env={"RINGREDUCE_DEBUG": "1"}, timeout=120)
+    run_test_ranks(_mismatch_worker, 4, env={"RINGREDUCE_DEBUG": "1"}, timeout=120)
 
 
 def _new_call_worker(rank: int, world: int) -> None:
@@ -208,7 +208,7 @@ def _new_call_worker(rank: int, world: int) -> None:
 
 
 def test_new_kind_of_call_is_checked_without_debug() -> None:
-    run_ranks(_new_call_worker, 4, env={"RINGREDUCE_TIMEOUT": str(DEADLINE)}, timeout=120)
+    run_test_ranks(_new_call_worker, 4, env={"RINGREDUCE_TIMEOUT": str(DEADLINE)}, timeout=120)
 
 
 MISMATCHES = {"numel": (torch.float32, 100_001, ()), "dtype": (torch.float64, 100_000, (0,))}
@@ -248,8 +248,8 @@ def _undebugged_mismatch_worker(rank: int, world: int, what: str) -> None:
 @pytest.mark.parametrize("what", sorted(MISMATCHES))
 def test_mismatched_known_calls_without_debug_end_at_the_deadline(what: str) -> None:
     aborted = {r: -signal.SIGABRT for r in MISMATCHES[what][2]}
-    run_ranks(_undebugged_mismatch_worker, 4, what, timeout=120, expect_exit=aborted,
-              env={"RINGREDUCE_TIMEOUT": str(DEADLINE)})
+    run_test_ranks(_undebugged_mismatch_worker, 4, what, timeout=120, expect_exit=aborted,
+                   env={"RINGREDUCE_TIMEOUT": str(DEADLINE)})
 
 
 def _store_gone_worker(rank: int, world: int, server_pid: int, fresh: str) -> None:
@@ -259,6 +259,6 @@ def _store_gone_worker(rank: int, world: int, server_pid: int, fresh: str) -> No
 def test_store_gone_after_setup_is_no_hang_and_no_wrong_result() -> None:
     with faults.store_server() as (port, pid), tempfile.TemporaryDirectory() as folder:
         fresh = f"file://{os.path.join(folder, 'fresh')}"
-        run_ranks(_store_gone_worker, 4, pid, fresh,
-                  env={"RINGREDUCE_TIMEOUT": str(DEADLINE), "RINGREDUCE_MACHINES": "2"},
-                  timeout=120, store=("127.0.0.1", port))
+        run_test_ranks(_store_gone_worker, 4, pid, fresh,
+                       env={"RINGREDUCE_TIMEOUT": str(DEADLINE), "RINGREDUCE_MACHINES": "2"},
+                       timeout=120, store=("127.0.0.1", port))

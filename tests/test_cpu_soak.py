@@ -14,7 +14,7 @@ import torch
 import ringreduce
 
 from .cases import DTYPES, OPS, check_equal, expected, rank_input
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 
 CALLS = 300
 
@@ -54,4 +54,4 @@ def _settle(done: tuple, world: int) -> None:  # type: ignore[type-arg]
 
 
 def test_soak_random_calls_all_exact() -> None:
-    run_ranks(_soak_worker, 4)
+    run_test_ranks(_soak_worker, 4)

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import ringreduce
 
 from .cases import DTYPES, OPS, sweep
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 
 CPU = torch.device("cpu")
 
@@ -35,7 +35,7 @@ def _exact_worker(rank: int, world: int, machines: int, wire: torch.dtype) -> No
 @pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("machines,devices", [(2, 2), (3, 2)], ids=["2x2", "3x2"])
 def test_wire_keeps_small_integers_exact(machines: int, devices: int, wire: torch.dtype) -> None:
-    run_ranks(_exact_worker, machines * devices, machines, wire)
+    run_test_ranks(_exact_worker, machines * devices, machines, wire)
 
 
 def _rounding_worker(rank: int, world: int) -> None:
@@ -58,7 +58,7 @@ def _rounding_worker(rank: int, world: int) -> None:
 
 
 def test_wire_rounds_once_and_identically_on_every_rank() -> None:
-    run_ranks(_rounding_worker, 4)
+    run_test_ranks(_rounding_worker, 4)
 
 
 def test_wire_dtype_is_checked() -> None:

@@ -42,7 +42,7 @@ from .cases import (
     sizes_for,
     sweep,
 )
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 from .test_cpu_allreduce import _count_stage_calls as count_stage_calls
 from .test_cpu_api import model, train
 from .test_cpu_backend import other_collectives
@@ -168,8 +168,8 @@ def _blocks(rank: int, world: int, machines: int, dev: torch.device) -> None:
 
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_collectives_are_exact_and_hierarchical(machines: int, devices: int) -> None:
-    run_ranks(_exact_worker, machines * devices, machines, backend="nccl",
-              env=_env(machines, devices), timeout=300)
+    run_test_ranks(_exact_worker, machines * devices, machines, backend="nccl",
+                   env=_env(machines, devices), timeout=300)
 
 
 def _wire_worker(rank: int, world: int, wire: torch.dtype) -> None:
@@ -202,8 +202,8 @@ def _run_each(worker: Callable[..., None], values: tuple[object, ...], rank: int
 
 
 def test_gpu_wire_format_is_exact_on_small_integers_and_identical() -> None:
-    run_ranks(_each(_wire_worker, (torch.bfloat16, torch.float16)), SMALL[0] * SMALL[1],
-              backend="nccl", env=_env(*SMALL))
+    run_test_ranks(_each(_wire_worker, (torch.bfloat16, torch.float16)), SMALL[0] * SMALL[1],
+                   backend="nccl", env=_env(*SMALL))
 
 
 def _no_sync_worker(rank: int, world: int, graphs: int) -> None:
@@ -229,8 +229,8 @@ def _no_sync_worker(rank: int, world: int, graphs: int) -> None:
 
 def test_gpu_all_reduce_never_syncs_the_host() -> None:
     """The slow path, then with graphs."""
-    run_ranks(_each(_no_sync_worker, (0, 8)), SMALL[0] * SMALL[1], backend="nccl",
-              env=_env(*SMALL))
+    run_test_ranks(_each(_no_sync_worker, (0, 8)), SMALL[0] * SMALL[1], backend="nccl",
+                   env=_env(*SMALL))
 
 
 def _ddp_worker(rank: int, world: int, graphs: int) -> None:
@@ -247,7 +247,7 @@ def _ddp_worker(rank: int, world: int, graphs: int) -> None:
 def test_gpu_ddp_hook_with_graphs_matches_plain_ddp() -> None:
     """DDP's buckets (the same tensors every step) are replayed; the slow path is in
     the backend test, at every topology."""
-    run_ranks(_ddp_worker, SMALL[0] * SMALL[1], 8, backend="nccl", env=_env(*SMALL))
+    run_test_ranks(_ddp_worker, SMALL[0] * SMALL[1], 8, backend="nccl", env=_env(*SMALL))
 
 
 def _graph_worker(rank: int, world: int) -> None:
@@ -287,8 +287,8 @@ def _live_graph_worker(rank: int, world: int) -> None:
 
 
 def test_gpu_close_with_a_live_graph_raises_instead_of_hanging() -> None:
-    run_ranks(_live_graph_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL),
-              timeout=120)
+    run_test_ranks(_live_graph_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL),
+                   timeout=120)
 
 
 def _replay_worker(rank: int, world: int) -> None:
@@ -330,8 +330,8 @@ def _graphs_worker(rank: int, world: int) -> None:
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_cuda_graphs_capture_and_replay_exactly(machines: int, devices: int) -> None:
     """The caller's own capture, and ringreduce's captures of repeated calls."""
-    run_ranks(_graphs_worker, machines * devices, backend="nccl", env=_env(machines, devices),
-              timeout=300)
+    run_test_ranks(_graphs_worker, machines * devices, backend="nccl", env=_env(machines, devices),
+                   timeout=300)
 
 
 def _back_to_back_worker(rank: int, world: int, wire: str) -> None:
@@ -369,9 +369,9 @@ def _back_to_back_worker(rank: int, world: int, wire: str) -> None:
 
 def test_gpu_back_to_back_replays_overlap_exactly() -> None:
     """Without a wire format, then with bfloat16."""
-    run_ranks(_each(_back_to_back_worker, ("none", "bfloat16")), SMALL[0] * SMALL[1],
-              backend="nccl",
-              env=_env(*SMALL), timeout=240)
+    run_test_ranks(_each(_back_to_back_worker, ("none", "bfloat16")), SMALL[0] * SMALL[1],
+                   backend="nccl",
+                   env=_env(*SMALL), timeout=240)
 
 
 def _backend_worker(rank: int, world: int, machines: int) -> None:
@@ -413,5 +413,5 @@ class _DistAsComm:
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_ddp_backend_and_hook_match_plain_ddp(machines: int, devices: int) -> None:
     env = [{**e, "RINGREDUCE_MIN_BYTES": "0"} for e in _env(machines, devices)]
-    run_ranks(_backend_worker, machines * devices, machines, backend="ringreduce", env=env,
-              timeout=300)
+    run_test_ranks(_backend_worker, machines * devices, machines, backend="ringreduce", env=env,
+                   timeout=300)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 import ringreduce
 
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 from .test_cpu_conformance import backend_tracked_worker, create_graph_worker, tracked_worker
 from .test_gpu import _env, topologies
 from .test_gpu import pytestmark as gpu_marks
@@ -46,15 +46,15 @@ def _world(topology: str) -> int:
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_gpu_tensors_autograd_tracks_reduce_in_place(topology: str) -> None:
-    run_ranks(tracked_worker, _world(topology), backend="nccl", env=one_gpu_env(topology))
+    run_test_ranks(tracked_worker, _world(topology), backend="nccl", env=one_gpu_env(topology))
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_gpu_backend_reduces_tracked_tensors_and_ddp_create_graph(topology: str) -> None:
-    run_ranks(backend_tracked_worker, _world(topology), backend="ringreduce",
-              env=one_gpu_env(topology))
-    run_ranks(create_graph_worker, _world(topology), backend="ringreduce",
-              env=one_gpu_env(topology))
+    run_test_ranks(backend_tracked_worker, _world(topology), backend="ringreduce",
+                   env=one_gpu_env(topology))
+    run_test_ranks(create_graph_worker, _world(topology), backend="ringreduce",
+                   env=one_gpu_env(topology))
 
 
 def _failed_work_worker(rank: int, world: int) -> None:
@@ -91,5 +91,5 @@ def _failed_work_worker(rank: int, world: int) -> None:
 @KILLED_UNDER_MPS
 def test_gpu_backend_failed_work_raises_from_wait() -> None:
     env = one_gpu_env("2x1", RINGREDUCE_TIMEOUT=str(DEADLINE))
-    run_ranks(_failed_work_worker, 2, backend="ringreduce", env=env, timeout=180,
-              expect_exit={1: -signal.SIGKILL})
+    run_test_ranks(_failed_work_worker, 2, backend="ringreduce", env=env, timeout=180,
+                   expect_exit={1: -signal.SIGKILL})

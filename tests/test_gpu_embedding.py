@@ -12,7 +12,7 @@ import torch
 
 import ringreduce
 
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 from .test_cpu_embedding import check_sharded_embedding
 from .test_gpu import GPUS, SMALL, _env
 
@@ -32,4 +32,4 @@ def _embedding_worker(rank: int, world: int) -> None:
 
 
 def test_gpu_sharded_embedding_matches_unsharded() -> None:
-    run_ranks(_embedding_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL))
+    run_test_ranks(_embedding_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL))

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import ringreduce
 
 from . import faults, netns
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 from .test_gpu import IDS, SMALL, TOPOLOGIES, _env
 from .test_gpu import pytestmark as gpu_marks
 
@@ -137,8 +137,8 @@ without MPS (ranks time-sliced on one GPU, or on GPUs of their own)."""
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_rank_killed_mid_operation_becomes_an_error(machines: int, devices: int) -> None:
     world = machines * devices
-    run_ranks(_killed_worker, world, backend="nccl", env=_env_with_deadline(machines, devices),
-              timeout=240, expect_exit={world - 1: -signal.SIGKILL})
+    run_test_ranks(_killed_worker, world, backend="nccl", env=_env_with_deadline(machines, devices),
+                   timeout=240, expect_exit={world - 1: -signal.SIGKILL})
 
 
 def _absent_worker(rank: int, world: int, connected: bool) -> None:
@@ -166,15 +166,15 @@ def _absent_worker(rank: int, world: int, connected: bool) -> None:
 
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_rank_that_never_calls_becomes_an_error(machines: int, devices: int) -> None:
-    run_ranks(_absent_worker, machines * devices, True, backend="nccl",
-              env=_env_with_deadline(machines, devices), timeout=240)
+    run_test_ranks(_absent_worker, machines * devices, True, backend="nccl",
+                   env=_env_with_deadline(machines, devices), timeout=240)
 
 
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_rank_absent_at_connection_setup_becomes_an_error(machines: int,
                                                               devices: int) -> None:
-    run_ranks(_absent_worker, machines * devices, False, backend="nccl",
-              env=_env_with_deadline(machines, devices), timeout=240)
+    run_test_ranks(_absent_worker, machines * devices, False, backend="nccl",
+                   env=_env_with_deadline(machines, devices), timeout=240)
 
 
 def _stopped_worker(rank: int, world: int) -> None:
@@ -201,8 +201,8 @@ def _stopped_worker(rank: int, world: int) -> None:
 
 def test_gpu_rank_stopped_past_the_deadline_becomes_an_error() -> None:
     world = SMALL[0] * SMALL[1]
-    run_ranks(_stopped_worker, world, backend="nccl", env=_env_with_deadline(*SMALL),
-              timeout=240, expect_exit={world - 1: -signal.SIGKILL})
+    run_test_ranks(_stopped_worker, world, backend="nccl", env=_env_with_deadline(*SMALL),
+                   timeout=240, expect_exit={world - 1: -signal.SIGKILL})
 
 
 def _cut_worker(rank: int, world: int, link: netns.Link) -> None:
@@ -236,7 +236,7 @@ def test_gpu_rail_link_cut_mid_call_becomes_an_error() -> None:
     try:
         env = [{**e, **link.rank_env(r // SMALL[1])}
                for r, e in enumerate(_env_with_deadline(*SMALL))]
-        run_ranks(_cut_worker, SMALL[0] * SMALL[1], link, backend="nccl", env=env, timeout=240)
+        run_test_ranks(_cut_worker, SMALL[0] * SMALL[1], link, backend="nccl", env=env, timeout=240)
     finally:
         netns.remove(link)
 
@@ -304,8 +304,8 @@ NARROW_RANK_RETURNS = pytest.mark.xfail(strict=True, reason=(
     ("numel", "swap"), pytest.param("dtype", "swap", marks=NARROW_RANK_RETURNS)],
     ids=["dtype-debug", "numel-debug", "dtype-new", "numel-new", "numel-swap", "dtype-swap"])
 def test_gpu_mismatched_call_becomes_an_error(what: str, check: str) -> None:
-    run_ranks(_mismatch_worker, SMALL[0] * SMALL[1], what, check, backend="nccl",
-              env=_env_with_deadline(*SMALL, CHECKS[check]), timeout=240)
+    run_test_ranks(_mismatch_worker, SMALL[0] * SMALL[1], what, check, backend="nccl",
+                   env=_env_with_deadline(*SMALL, CHECKS[check]), timeout=240)
 
 
 def _store_gone_worker(rank: int, world: int, server_pid: int, fresh: str) -> None:
@@ -316,6 +316,6 @@ def _store_gone_worker(rank: int, world: int, server_pid: int, fresh: str) -> No
 def test_gpu_store_gone_after_setup_is_no_hang_and_no_wrong_result() -> None:
     with faults.store_server() as (port, pid), tempfile.TemporaryDirectory() as folder:
         fresh = f"file://{os.path.join(folder, 'fresh')}"
-        run_ranks(_store_gone_worker, SMALL[0] * SMALL[1], pid, fresh, backend="nccl",
-                  env=_env_with_deadline(*SMALL, {"RINGREDUCE_CHECK_NEW_CALLS": "1"}),
-                  timeout=240, store=("127.0.0.1", port))
+        run_test_ranks(_store_gone_worker, SMALL[0] * SMALL[1], pid, fresh, backend="nccl",
+                       env=_env_with_deadline(*SMALL, {"RINGREDUCE_CHECK_NEW_CALLS": "1"}),
+                       timeout=240, store=("127.0.0.1", port))

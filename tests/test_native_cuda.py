@@ -27,7 +27,7 @@ from ringreduce.execution import native
 
 from . import faults
 from .cases import check_equal, expected, interleaved, rank_input, sizes_for, sweep
-from .multiproc import run_ranks
+from .multiproc import run_test_ranks
 from .test_gpu import IDS, TOPOLOGIES, _env
 from .test_gpu import pytestmark as gpu_marks
 from .test_gpu_faults import (
@@ -94,8 +94,8 @@ def _async_worker(rank: int, world: int) -> None:
 
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_native_futures_order_the_callers_stream(machines: int, devices: int) -> None:
-    run_ranks(_async_worker, machines * devices, backend="nccl",
-              env=_with_issuer(_env(machines, devices), "native"), timeout=HANG_S + 40)
+    run_test_ranks(_async_worker, machines * devices, backend="nccl",
+                   env=_with_issuer(_env(machines, devices), "native"), timeout=HANG_S + 40)
 
 
 def _killed_worker(rank: int, world: int) -> None:
@@ -117,9 +117,9 @@ def _killed_worker(rank: int, world: int) -> None:
 
 @KILLED_UNDER_MPS
 def test_gpu_native_issuer_killed_peer_becomes_an_error_within_the_deadline() -> None:
-    run_ranks(_killed_worker, 2, backend="nccl",
-              env=_env_with_deadline(2, 1, {"RINGREDUCE_ISSUER": "native"}), timeout=240,
-              expect_exit={1: -signal.SIGKILL})
+    run_test_ranks(_killed_worker, 2, backend="nccl",
+                   env=_env_with_deadline(2, 1, {"RINGREDUCE_ISSUER": "native"}), timeout=240,
+                   expect_exit={1: -signal.SIGKILL})
 
 
 def _sweep_worker(rank: int, world: int, issuer: str) -> None:
@@ -151,5 +151,5 @@ def _sweep_worker(rank: int, world: int, issuer: str) -> None:
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_both_issuers_are_exact_on_the_sweep(machines: int, devices: int,
                                                  issuer: str) -> None:
-    run_ranks(_sweep_worker, machines * devices, issuer, backend="nccl",
-              env=_with_issuer(_env(machines, devices), issuer), timeout=HANG_S + 120)
+    run_test_ranks(_sweep_worker, machines * devices, issuer, backend="nccl",
+                   env=_with_issuer(_env(machines, devices), issuer), timeout=HANG_S + 120)

@@ -3,17 +3,18 @@
     python3 benchmarks/emulate.py --physical-gpus 1 --machines 2 --gpus-per-machine 2 \\
         --mode loopback --script benchmarks/native_host.py -- --size 25M
 
-Every rank builds Communicators (RINGREDUCE_ISSUER=native, then =python; each with one
-NCCL group per pipeline wave and a communicator per stage pair (the default), as
-``/sep`` with waves and a communicator per stage, and as ``/stage`` with one group per
-stage) over the same process group, and measures in one run:
+Every rank builds one Communicator per way (``--ways``; DEFAULT_WAYS says what each name
+means: issuer, wave groups, paired communicators, slice size, graph replay) over the same
+process group, and measures in one run:
   * host time of one call on an idle pipeline (the caller's time until the call
     returns), synchronous and ``async_op=True``, median of ``--calls`` samples;
   * CPU per call (getrusage of the whole process: every thread, NCCL's proxies and
     the native worker) and busy cores over ``--calls`` back-to-back calls, the host
     waiting for the device once at the end;
   * exactness: small integers, each way against NCCL's own all-reduce, bit for bit.
-Rank 0 prints one table; every rank asserts exactness.
+Rank 0 prints one table; every rank asserts exactness. At most six ways per run under
+MPS: with seven (36 NCCL communicators per process, four ranks on one GPU) the first
+call hung in connection setup, twice (results 2026-11-25-h100-engine-v2, runs 7 and 9).
 """
 
 from __future__ import annotations
@@ -75,34 +76,38 @@ def stream_cost(call: Callable[[], object], calls: int,
     return host / calls * 1e6, cpu / calls * 1e3, cpu / wall, wall / calls * 1e3
 
 
-def build_comms(machines: int | None,
-                slices: list[int]) -> dict[str, ringreduce.Communicator]:
-    """Each issuer as configured by default (a group per wave, a communicator per stage
-    pair), as ``/sep`` (a communicator per stage, RINGREDUCE_PAIR_COMMS=0) and as
-    ``/stage`` (a group per stage, RINGREDUCE_WAVE_GROUPS=0, the engine before v2); the
-    native issuer also at each of ``slices``."""
-    wanted = [("native", None, "")] + [("native", s, "") for s in slices]
-    wanted += [("native", None, "/sep"), ("native", None, "/stage")]
-    wanted += [("python", None, ""), ("python", None, "/sep"), ("python", None, "/stage")]
+DEFAULT_WAYS = ("native", "native/sep", "native/stage", "python", "python/sep", "python/stage")
+"""Each issuer as configured by default (a group per wave, a communicator per stage
+pair), as ``/sep`` (a communicator per stage, RINGREDUCE_PAIR_COMMS=0) and as ``/stage``
+(a group per stage, RINGREDUCE_WAVE_GROUPS=0, the engine before v2). Also accepted:
+``native/8M`` (another slice size) and ``native/graphs`` (ringreduce's own CUDA-graph
+replay, ``graphs=8``: the same tensor comes back every call, so it is captured at its
+second call and replayed after)."""
+
+
+def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.Communicator]:
+    """One Communicator per way (DEFAULT_WAYS says what the names mean)."""
     comms = {}
-    for issuer, slice_bytes, variant in wanted:
+    for way in ways:
+        issuer, _, variant = way.partition("/")
         # read once, at construction (config.py)
         os.environ["RINGREDUCE_ISSUER"] = issuer
-        os.environ["RINGREDUCE_WAVE_GROUPS"] = "0" if variant == "/stage" else "1"
-        os.environ["RINGREDUCE_PAIR_COMMS"] = "0" if variant else "1"
-        name = issuer if slice_bytes is None else f"{issuer}/{slice_bytes >> 20}M"
-        comms[name + variant] = ringreduce.Communicator(machines=machines,
-                                                        slice_bytes=slice_bytes)
-        described = comms[name + variant].describe()
+        os.environ["RINGREDUCE_WAVE_GROUPS"] = "0" if variant == "stage" else "1"
+        os.environ["RINGREDUCE_PAIR_COMMS"] = "0" if variant in ("sep", "stage") else "1"
+        slice_bytes = parse_size(variant) if variant[:1].isdigit() else None
+        graphs = 8 if variant == "graphs" else None
+        comms[way] = ringreduce.Communicator(machines=machines, slice_bytes=slice_bytes,
+                                             graphs=graphs)
+        described = comms[way].describe()
         assert described.endswith(f"issuer={issuer}"), described
     del os.environ["RINGREDUCE_WAVE_GROUPS"], os.environ["RINGREDUCE_PAIR_COMMS"]
     return comms
 
 
 def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
-              machines: int | None, slices: list[int]) -> None:
+              machines: int | None, names: list[str]) -> None:
     n = size // 4
-    comms = build_comms(machines, slices)
+    comms = build_comms(machines, names)
     if launch.rank == 0:
         print(f"# built {len(comms)} communicators", flush=True)
     base = ((torch.arange(n, device=device) * 7 + launch.rank * 3) % 11 - 5).float()
@@ -138,7 +143,7 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
         rows[name] = (idle, *stream_cost(call, calls, device))
         say(f"# measured: {name}", flush=True)
     profiles = {}
-    for name in ("native sync", "native async"):  # where the remaining host time goes
+    for name in [w for w in ("native sync", "native async") if w in ways]:  # where host time goes
         profile = cProfile.Profile()
         for _ in range(calls):
             torch.cuda.synchronize(device)
@@ -176,15 +181,18 @@ def main() -> None:
     p.add_argument("--machines", type=int, default=None, help="(emulate.py passes it)")
     p.add_argument("--size", type=parse_size, default=25 * 2**20)
     p.add_argument("--calls", type=int, default=32)
-    p.add_argument("--slices", type=lambda v: [parse_size(x) for x in v.split(",") if x],
-                   default=[], help="also the native issuer at these slice sizes, e.g. 8M,16M")
+    p.add_argument("--slices", type=lambda v: [x for x in v.split(",") if x], default=[],
+                   help="also the native issuer at these slice sizes, e.g. 8M,16M")
+    p.add_argument("--ways", type=lambda v: [x for x in v.split(",") if x],
+                   default=list(DEFAULT_WAYS), help="comma-separated; see DEFAULT_WAYS")
     args = p.parse_args()
     if "NCCL_HOSTID" in os.environ and "RANK" in os.environ:
         # Ranks sharing one GPU need a host id each (NCCL refuses a duplicate GPU per
         # host, FINDINGS.md "One GPU, many ranks"); the machines come from --machines.
         os.environ["NCCL_HOSTID"] += f"-rank{os.environ['RANK']}"
     run_ranks(lambda launch, device: rank_body(launch, device, args.size, args.calls,
-                                               args.machines, args.slices))
+                                               args.machines,
+                                               args.ways + [f"native/{x}" for x in args.slices]))
 
 
 if __name__ == "__main__":

@@ -104,17 +104,15 @@ def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.C
     return comms
 
 
-def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
-              machines: int | None, names: list[str]) -> None:
-    n = size // 4
-    comms = build_comms(machines, names)
-    if launch.rank == 0:
-        print(f"# built {len(comms)} communicators", flush=True)
-    base = ((torch.arange(n, device=device) * 7 + launch.rank * 3) % 11 - 5).float()
+Say = Callable[..., None]
+
+
+def check_exact(comms: dict[str, ringreduce.Communicator], base: torch.Tensor,
+                device: torch.device, say: Say) -> None:
+    """Every way, sync and async, twice (programs replayed), bit for bit against NCCL."""
     reference = base.clone()
     dist.all_reduce(reference)
-    say = print if launch.rank == 0 else (lambda *a, **k: None)
-    for name, comm in comms.items():  # exact, sync and async, twice (programs replayed)
+    for name, comm in comms.items():
         for async_op in (False, True, False, True):
             t = base.clone()
             fut = comm.all_reduce(t, async_op=async_op)
@@ -123,27 +121,30 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
             torch.cuda.synchronize(device)
             assert torch.equal(t, reference), f"{name} async={async_op}: wrong result"
         say(f"# exact: {name} ({comm.describe()})", flush=True)
-    x = base.clone()
-    ways: dict[str, Callable[[], object]] = {
-        "nccl sync": lambda: dist.all_reduce(x),
-        "nccl async": lambda: dist.all_reduce(x, async_op=True),
-    }
-    for name, comm in comms.items():
-        ways[f"{name} sync"] = lambda c=comm: c.all_reduce(x)
-        ways[f"{name} async"] = lambda c=comm: c.all_reduce(x, async_op=True)
-    for name, call in ways.items():  # warm: programs traced for every slot position
+
+
+def measure(ways: dict[str, Callable[[], object]], calls: int, device: torch.device,
+            say: Say) -> dict[str, tuple[float, ...]]:
+    """Warm every way (programs traced for every staging slot position), then per way:
+    (host idle us, stream host us, CPU ms per call, busy cores, wall ms per call)."""
+    for name, call in ways.items():
         for _ in range(5 if name.startswith("nccl") else 70):  # 64 staging slots at 2 x 2
             call()
         torch.cuda.synchronize(device)  # one communicator's work at a time across ranks
         say(f"# warm: {name}", flush=True)
-    torch.cuda.synchronize(device)
     rows = {}
     for name, call in ways.items():
         idle = idle_host_us(call, calls, device)
         rows[name] = (idle, *stream_cost(call, calls, device))
         say(f"# measured: {name}", flush=True)
+    return rows
+
+
+def profile_native(ways: dict[str, Callable[[], object]], calls: int,
+                   device: torch.device) -> dict[str, cProfile.Profile]:
+    """Where the native issuer's host time goes, on an idle pipeline."""
     profiles = {}
-    for name in [w for w in ("native sync", "native async") if w in ways]:  # where host time goes
+    for name in [w for w in ("native sync", "native async") if w in ways]:
         profile = cProfile.Profile()
         for _ in range(calls):
             torch.cuda.synchronize(device)
@@ -152,28 +153,52 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
             ways[name]()
             profile.disable()
         profiles[name] = profile
+    return profiles
+
+
+def report(rows: dict[str, tuple[float, ...]], profiles: dict[str, cProfile.Profile],
+           size: int, calls: int, device: torch.device) -> None:
+    for name, profile in profiles.items():
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(14)
+        print(f"# cProfile, {calls} {name} calls (tottime = own time, all calls):")
+        print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
+    print(f"# {torch.cuda.get_device_name(device)}, {dist.get_world_size()} ranks, {size} "
+          f"bytes fp32, {calls} samples; host_idle: median host time on an idle pipeline; "
+          f"stream: {calls} back-to-back calls (host per call, CPU per call, busy cores, "
+          f"wall per call; speed = NCCL's wall / this way's, same mode)")
+    print(f"{'way':<20} {'host_idle_us':>13} {'stream_host_us':>15} {'cpu_ms_call':>12} "
+          f"{'busy_cores':>11} {'wall_ms_call':>13} {'speed':>6}")
+    for name, (idle, host, cpu, cores, wall) in rows.items():
+        speed = rows[f"nccl {name.rsplit(' ', 1)[1]}"][4] / wall
+        print(f"{name:<20} {idle:>13.1f} {host:>15.1f} {cpu:>12.2f} {cores:>11.2f} "
+              f"{wall:>13.2f} {speed:>6.2f}")
+
+
+def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
+              machines: int | None, names: list[str]) -> None:
+    say: Say = print if launch.rank == 0 else (lambda *a, **k: None)
+    comms = build_comms(machines, names)
+    say(f"# built {len(comms)} communicators", flush=True)
+    n = size // 4
+    base = ((torch.arange(n, device=device) * 7 + launch.rank * 3) % 11 - 5).float()
+    check_exact(comms, base, device, say)
+    x = base.clone()
+    ways: dict[str, Callable[[], object]] = {
+        "nccl sync": lambda: dist.all_reduce(x),
+        "nccl async": lambda: dist.all_reduce(x, async_op=True),
+    }
+    for name, comm in comms.items():
+        ways[f"{name} sync"] = lambda c=comm: c.all_reduce(x)
+        ways[f"{name} async"] = lambda c=comm: c.all_reduce(x, async_op=True)
+    rows = measure(ways, calls, device, say)
+    profiles = profile_native(ways, calls, device)
     torch.cuda.synchronize(device)
     for comm in comms.values():
         comm.wait_idle()
         comm.close()
     if launch.rank == 0:
-        for name, profile in profiles.items():
-            text = io.StringIO()
-            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(14)
-            print(f"# cProfile, {calls} {name} calls (tottime = own time, all calls):")
-            print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
-        world = dist.get_world_size()
-        print(f"# {torch.cuda.get_device_name(device)}, {world} ranks, {size} bytes fp32, "
-              f"{calls} samples; host_idle: median host time on an idle pipeline; "
-              f"stream: {calls} back-to-back calls (host per call, CPU per call, busy cores, "
-              f"wall per call; speed = NCCL's wall / this way's, same mode)")
-        print(f"{'way':<20} {'host_idle_us':>13} {'stream_host_us':>15} {'cpu_ms_call':>12} "
-              f"{'busy_cores':>11} {'wall_ms_call':>13} {'speed':>6}")
-        for name, (idle, host, cpu, cores, wall) in rows.items():
-            mode = name.rsplit(" ", 1)[1]
-            speed = rows[f"nccl {mode}"][4] / wall
-            print(f"{name:<20} {idle:>13.1f} {host:>15.1f} {cpu:>12.2f} {cores:>11.2f} "
-                  f"{wall:>13.2f} {speed:>6.2f}")
+        report(rows, profiles, size, calls, device)
 
 
 def main() -> None:

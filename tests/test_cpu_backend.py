@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ringreduce.errors import RingReduceError
 from ringreduce.integrations.backend import RingReduceGroup
 
 from .cases import DTYPES, OPS, check_equal, expected, rank_input
@@ -169,3 +170,19 @@ def test_registration_is_idempotent() -> None:
     assert dist.Backend.backend_list.count("ringreduce") == 1
     assert dist.Backend._plugins["RINGREDUCE"].creator_fn is backend.create
     assert dist.Backend("ringreduce") == "ringreduce"
+
+
+def _mismatch_worker(rank: int, world: int) -> None:
+    """A rank calling ``dist.all_reduce`` with another size than its peers, on a kind of
+    call none made before: every rank's ``dist.all_reduce`` raises before anything is
+    communicated (the engine's new-call check), and the group carries on."""
+    with pytest.raises(RingReduceError, match=r"collective mismatch at operation #1: rank \d "
+                       r"calls all_reduce\(numel=(3|4),"):
+        dist.all_reduce(torch.ones(3 if rank == 2 else 4))
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((4,), float(world)))
+
+
+def test_a_mismatched_call_raises_from_dist_all_reduce_on_every_rank() -> None:
+    run_test_ranks(_mismatch_worker, 4, backend="ringreduce", env=ENV, timeout=120)

@@ -156,8 +156,30 @@ def profile_native(ways: dict[str, Callable[[], object]], calls: int,
     return profiles
 
 
+def native_breakdown(comm: ringreduce.Communicator, call: Callable[[], object], calls: int,
+                     device: torch.device) -> dict[str, tuple[float, float]]:
+    """Inside Issuer.run, per synchronous call on an idle pipeline: for each kind of
+    instruction, (instructions, host us) per call (native/issuer.cpp op_times)."""
+    worker = comm._res.native.worker if comm._res.native is not None else None
+    if worker is None:
+        return {}
+    worker.op_times(True)
+    for _ in range(calls):
+        torch.cuda.synchronize(device)
+        dist.barrier()
+        call()
+    torch.cuda.synchronize(device)
+    return {op: (n / calls, ns / calls / 1e3) for op, (n, ns) in worker.op_times(True).items()}
+
+
 def report(rows: dict[str, tuple[float, ...]], profiles: dict[str, cProfile.Profile],
-           size: int, calls: int, device: torch.device) -> None:
+           size: int, calls: int, device: torch.device,
+           breakdown: dict[str, tuple[float, float]]) -> None:
+    if breakdown:
+        total = sum(us for _, us in breakdown.values())
+        print(f"# inside Issuer.run, native sync on an idle pipeline, per call: {total:.1f} us")
+        for op, (n, us) in sorted(breakdown.items(), key=lambda kv: -kv[1][1]):
+            print(f"#   {op:<15} {n:>6.1f} instructions {us:>8.1f} us ({us / n:.2f} us each)")
     for name, profile in profiles.items():
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(14)
@@ -193,12 +215,14 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
         ways[f"{name} async"] = lambda c=comm: c.all_reduce(x, async_op=True)
     rows = measure(ways, calls, device, say)
     profiles = profile_native(ways, calls, device)
+    breakdown = (native_breakdown(comms["native"], ways["native sync"], calls, device)
+                 if "native" in comms else {})
     torch.cuda.synchronize(device)
     for comm in comms.values():
         comm.wait_idle()
         comm.close()
     if launch.rank == 0:
-        report(rows, profiles, size, calls, device)
+        report(rows, profiles, size, calls, device, breakdown)
 
 
 def main() -> None:

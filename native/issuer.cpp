@@ -269,6 +269,10 @@ struct State {
     std::atomic<uint32_t> at_seq{0};
     std::atomic<int64_t> at_index{-1};
     std::atomic<int64_t> at_op{-1};
+    // Host time spent in each kind of instruction since the last op_times(reset=True):
+    // where a call's host time goes (two clock reads per instruction, ~50 ns).
+    std::atomic<uint64_t> op_ns[OP_COUNT] = {};
+    std::atomic<uint64_t> op_calls[OP_COUNT] = {};
     bool closing = false;
     Failure failure;                    // under mu
     std::atomic<bool> failed{false};    // failure.set, readable without mu
@@ -448,7 +452,13 @@ void run_job(State& s, const Job& job) {
             s.failed.store(true);
             break;
         }
+        auto started = std::chrono::steady_clock::now();
         std::string err = execute(s, job, in, p);
+        auto spent = std::chrono::steady_clock::now() - started;
+        s.op_ns[in.op].fetch_add(
+            uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(spent).count()),
+            std::memory_order_relaxed);
+        s.op_calls[in.op].fetch_add(1, std::memory_order_relaxed);
         if (!err.empty() && depth > 0 && in.op != GROUP_END) s.nccl.groupEnd();  // close it
         s.in_call.store(false);
         depth += in.op == GROUP_START ? 1 : in.op == GROUP_END ? -1 : 0;
@@ -834,6 +844,28 @@ PyObject* issuer_counters(Issuer* self, PyObject*) {
                          "at_op", op >= 0 && op < OP_COUNT ? kOpNames[op] : "-");
 }
 
+PyObject* issuer_op_times(Issuer* self, PyObject* args) {
+    int reset = 0;
+    if (!PyArg_ParseTuple(args, "|p", &reset)) return nullptr;
+    State& s = *self->s;
+    PyObject* d = PyDict_New();
+    if (!d) return nullptr;
+    for (int i = 0; i < OP_COUNT; ++i) {
+        uint64_t calls = reset ? s.op_calls[i].exchange(0) : s.op_calls[i].load();
+        uint64_t ns = reset ? s.op_ns[i].exchange(0) : s.op_ns[i].load();
+        if (!calls) continue;
+        PyObject* v = Py_BuildValue("(KK)", static_cast<unsigned long long>(calls),
+                                    static_cast<unsigned long long>(ns));
+        if (!v || PyDict_SetItemString(d, kOpNames[i], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return nullptr;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
 PyMethodDef issuer_methods[] = {
     {"submit", reinterpret_cast<PyCFunction>(issuer_submit), METH_VARARGS,
      "submit(program, base, entry_stream) -> seq"},
@@ -855,6 +887,8 @@ PyMethodDef issuer_methods[] = {
      "after a failure: the host-visible flag jumps to the last submitted job"},
     {"close", reinterpret_cast<PyCFunction>(issuer_close), METH_NOARGS,
      "issue what is queued, then end the worker thread"},
+    {"op_times", reinterpret_cast<PyCFunction>(issuer_op_times), METH_VARARGS,
+     "op_times(reset=False) -> {op: (instructions, host ns)} since the last reset"},
     {"counters", reinterpret_cast<PyCFunction>(issuer_counters), METH_NOARGS,
      "submitted, issued, flag; the job, instruction and op the worker is at ('-': idle)"},
     {nullptr, nullptr, 0, nullptr}};

@@ -143,6 +143,21 @@ def test_run_issues_on_the_calling_thread_before_it_returns() -> None:
 
 
 @built
+def test_op_times_say_where_host_time_goes_and_reset() -> None:
+    """What issue 18's profile of the remaining host time reads: instructions and host
+    time per kind of instruction, summed over jobs until reset."""
+    issuer = _native.Issuer()
+    job = _native.Program(_instr("nop", NOP_US) * 2 + _instr("nop", 0), b"", 0)
+    issuer.run(job, 0, 0)
+    issuer.run(job, 0, 0)
+    calls, ns = issuer.op_times()["nop"]
+    assert calls == 6 and ns >= 4 * NOP_US * 1000, (calls, ns)
+    assert set(issuer.op_times(True)) == {"nop"}  # only kinds that ran are listed
+    assert issuer.op_times() == {}
+    issuer.close()
+
+
+@built
 def test_a_failure_is_kept_with_its_job_stage_and_instruction_and_poisons_later_jobs() -> None:
     issuer = _native.Issuer()
     ok = _native.Program(_instr("nop"), b"", 0)

@@ -44,8 +44,11 @@ def test_a_staging_slot_holds_every_dtypes_collect_rows(devices: int, machines: 
     slot, slots = layout.staging_geometry(devices, machines, slice_bytes, 64 << 20)
     assert slot % layout.ALIGN_BYTES == 0 and slots >= 2
     for itemsize in (1, 2, 4, 8):
-        plan = layout.plan_slices(10 << 20, itemsize, devices, machines, slice_bytes)[0]
-        assert (machines - 1) * plan.k * itemsize <= slot, (itemsize, plan, slot)
+        # three slices' worth or more: the first slice is a full one, the largest
+        numel = 3 * (slice_bytes // itemsize + 64 * devices * machines)
+        plans = layout.plan_slices(numel, itemsize, devices, machines, slice_bytes)
+        assert len(plans) >= 2 and plans[0].numel == max(p.numel for p in plans)
+        assert (machines - 1) * plans[0].k * itemsize <= slot, (itemsize, plans[0], slot)
 
 
 def test_staging_slots_respect_budget() -> None:

@@ -57,15 +57,22 @@ def run_test_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend:
     while not errors.empty():
         reports.append(errors.get())
     if reports:
-        raise AssertionError("\n".join(f"rank {r} failed:\n{tb}" for r, tb in sorted(reports)))
+        _fail("\n".join(f"rank {r} failed:\n{tb}" for r, tb in sorted(reports)))
     if hung:
         ended = {rank: p.exitcode for rank, p in enumerate(procs) if rank not in hung}
-        raise AssertionError(f"ranks {hung} did not finish within {timeout} s; the others "
-                             f"ended with exit codes {ended}")
+        _fail(f"ranks {hung} did not finish within {timeout} s; the others ended with exit "
+              f"codes {ended}")
     want = expect_exit or {}
     bad = [(rank, p.exitcode) for rank, p in enumerate(procs) if p.exitcode != want.get(rank, 0)]
     if bad:
-        raise AssertionError(f"ranks exited abnormally (rank, exit code): {bad}")
+        _fail(f"ranks exited abnormally (rank, exit code): {bad}")
+
+
+def _fail(reason: str) -> None:
+    """Fail the test; the reason also goes to stderr at once (shown with ``-s``): a GPU
+    run cut by its time limit ends pytest before the summary that would print it."""
+    print(f"[run_test_ranks] FAILED: {reason[-4000:]}", file=sys.stderr, flush=True)
+    raise AssertionError(reason)
 
 
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, init: str, backend: str,

@@ -85,3 +85,16 @@ def _ddp_worker(rank: int, world: int) -> None:
 
 def test_ddp_hook_matches_plain_ddp() -> None:
     run_test_ranks(_ddp_worker, 4)
+
+
+def _raises_on_rank_one(rank: int, world: int) -> None:
+    if rank == 1:
+        raise ValueError("planted in rank 1")
+
+
+def test_the_harness_reports_a_failing_rank_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """tests/multiproc.py: a rank's exception fails the test with its traceback, and the
+    reason is on stderr before pytest's summary (a GPU run cut by its limit keeps it)."""
+    with pytest.raises(AssertionError, match=r"rank 1 failed:\n(.|\n)*planted in rank 1"):
+        run_test_ranks(_raises_on_rank_one, 2, timeout=60)
+    assert "[run_test_ranks] FAILED: rank 1 failed" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,6 +27,7 @@ from ringreduce.execution.graphs import GraphCache
 from ringreduce.execution.streams import CudaStreams
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import layout, schedule
+from ringreduce.plan.topology import Topology
 from ringreduce.safety.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -58,15 +60,7 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
         split = functools.partial(nccl.split, root, deadline=deadline, blocking=blocking)
         if blocking:
             comms["root"], comms["world"] = root, split(0, topo.rank)
-        pair = config.wave_groups and config.pair_comms
-        for first, second, color, key, channels in (
-                ("reduce_scatter", "all_gather", topo.machine_index, topo.device_index, None),
-                ("collect", "diffuse", topo.device_index, topo.machine_index,
-                 config.rail_channels)):
-            if (topo.devices_per_machine if first == "reduce_scatter" else topo.machines) > 1:
-                comms[first] = split(color, key, channels_per_net_peer=channels)
-                comms[second] = (comms[first] if pair else
-                                 split(color, key, channels_per_net_peer=channels))
+        _split_stages(comms, split, topo, config)
     except RingReduceError:
         for comm in distinct(comms).values():  # aborting the parent stops a split in progress
             nccl.abort(comm)
@@ -99,6 +93,25 @@ def distinct(comms: dict[str, Any]) -> dict[str, Any]:
         names.setdefault(id(comm), []).append(name)
         first.setdefault(id(comm), comm)
     return {"+".join(names[key]): comm for key, comm in first.items()}
+
+
+def _split_stages(comms: dict[str, Any], split: Callable[..., Any], topo: Topology,
+                  config: Config) -> None:
+    """The stage communicators: inside the machine (color: the machine) and along the
+    rail (color: the device index). A pair of stages shares one (Config.pair_comms) when
+    waves issue both in one group; otherwise each stage gets its own."""
+    pairs = []
+    if topo.devices_per_machine > 1:
+        pairs.append(("reduce_scatter", "all_gather", topo.machine_index, topo.device_index,
+                      None))
+    if topo.machines > 1:
+        pairs.append(("collect", "diffuse", topo.device_index, topo.machine_index,
+                      config.rail_channels))
+    shared = config.wave_groups and config.pair_comms
+    for first, second, color, key, channels in pairs:
+        comms[first] = split(color, key, channels_per_net_peer=channels)
+        comms[second] = (comms[first] if shared
+                         else split(color, key, channels_per_net_peer=channels))
 
 
 def build_replay(res: Resources, config: Config) -> None:

@@ -157,8 +157,10 @@ class Config:
     same calls recorded once per plan key and replayed from C++ on the caller's thread
     without the GIL (ringreduce/execution/native.py, native/issuer.cpp). ``"native-async"``
     (experimental): replayed by a C++ worker thread while the caller returns; it hung
-    on the GPU with several calls in flight (benchmarks/results/2026-11-23-h200-native)
-    and stays opt-in until that is understood. ``None``: native where it can run (the
+    on the GPU after some dozens of calls, even synchronous ones with no other thread
+    issuing NCCL work, while the same calls issued inline passed
+    (benchmarks/results/2026-11-25-h100-engine-v2, runs 8 and 9); opt-in until that is
+    understood. ``None``: native where it can run (the
     extension is built, communicators are blocking (``nccl_blocking``), cupy imports),
     else python, with the reason logged once; an explicit native that cannot run is
     an error. Captures

@@ -7,8 +7,10 @@ first time by recording.trace) and one call into ringreduce._native (native/issu
                 before the call returns. The same work, order and thread as the Python
                 issuer; only the ~100 Python calls are gone.
   native-async  Issuer.submit, experimental: the job is queued for a worker thread and
-                the call returns at once; a completer thread completes Futures. It hung
-                on the GPU with calls in flight (benchmarks/results/2026-11-23-h200-native).
+                the call returns at once; a completer thread completes Futures. It hangs
+                on the GPU after some dozens of calls, even synchronous ones with no
+                other thread issuing NCCL work (results 2026-11-25-h100-engine-v2, runs
+                8 and 9; 2026-11-23-h200-native before).
 
 Either way the program records an entry event on the caller's stream first; its last
 instruction writes the call's number into a flag in host memory (what the watchdog

@@ -16,10 +16,15 @@ from dataclasses import dataclass
 NCCL_NVLINK_LAT_US = 3.4
 NCCL_NET_LAT_US = 14.0
 
-#: ringreduce's measured host cost on the slow (eager) path: "about 500 us per call plus
-#: about 100 us per slice" (benchmarks/results/2026-11-23-h200-t6/README.md, H200, 2 x 1).
-MEASURED_HOST_CALL_US = 500.0
-MEASURED_HOST_SLICE_US = 100.0
+#: ringreduce's measured host cost of an eager call with the default engine (native issuer,
+#: waves, paired communicators): 580 us for a 25 MiB call of 7 slices at 2 x 2 on an H100
+#: under MPS, of which a wave group's ncclGroupEnd is 32 us and a call has slices + 4 of
+#: them (benchmarks/results/2026-11-25-h100-engine-v2/README.md, run 12). Per slice: a
+#: group, the add launch (6 us), events and enqueues (~10 us) = 48 us; per call: four
+#: groups, the flag and the Python around the call (106 us) = 240 us. The Python issuer
+#: of 2026-11-23 cost "about 500 us per call plus 100 us per slice" (h200-t6).
+MEASURED_HOST_CALL_US = 240.0
+MEASURED_HOST_SLICE_US = 48.0
 
 #: Host cost per peer per slice: collect and diffuse each post one send and one receive
 #: per peer (4 NCCL calls). An assumption (~1.5 us per ncclSend/ncclRecv call, not

@@ -125,7 +125,17 @@ def setting_key(meta: dict[str, Any], s: Setting) -> str:
         link += ", tuned sockets"
     share = ("1 rank/GPU" if s.ranks_per_gpu == 1 else
              "ranks share a GPU (MPS)" if s.mps else "ranks time-slice a GPU")
-    return f"{link}; intra {s.intra}; {share}"
+    return f"{link}; intra {s.intra}; {share}; {engine_of(meta)}"
+
+
+def engine_of(meta: dict[str, Any]) -> str:
+    """The card and the issuer: host costs differ between them (an H100's native issuer
+    with waves against an H200's Python issuer), so their runs are fitted apart. Runs
+    from before the engine line named its issuer used the Python issuer."""
+    device = str(meta.get("device", ""))
+    card = next((c for c in ("H100", "H200", "A100") if c in device), device or "unknown card")
+    issuer = re.search(r"issuer=([\w-]+)", str(meta.get("engine", "")))
+    return f"{card}, {issuer[1] if issuer else 'python'} issuer"
 
 
 def exclusion(sample: Sample) -> str | None:

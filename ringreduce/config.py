@@ -218,6 +218,12 @@ class Config:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return dataclasses.replace(cls(), **values)
 
+    @property
+    def paired_comms(self) -> bool:
+        """Whether a pair of stages shares one communicator: ``pair_comms``, which only
+        wave groups allow (without them the pair would serialise on it)."""
+        return self.wave_groups and self.pair_comms
+
     def resolved_slice_bytes(self, devices: int, machines: int) -> int:
         """The slice size in use for a (machines x devices) topology."""
         if self.slice_bytes is not None:

@@ -105,7 +105,7 @@ class Communicator:
         t, r, c = self._res.topo, self._res, self.config
         cuda = {"graphs": c.graphs, "nccl_blocking": int(c.nccl_blocking),
                 "wave_groups": int(c.wave_groups),
-                "pair_comms": int(c.wave_groups and c.pair_comms)}
+                "pair_comms": int(c.paired_comms)}
         per_device = ", ".join(f"{k}={v if r.is_cuda else 'n/a (cpu)'}" for k, v in cuda.items())
         return (f"{t.machines} machines x {t.devices_per_machine} devices, "
                 f"{'cuda (nccl ' + str(r.nccl_version) + ')' if r.is_cuda else 'cpu (gloo)'}, "

@@ -87,6 +87,8 @@ def test_config_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="graphs=-1"):
         Config(graphs=-1)
     assert Config().nccl_blocking
+    assert Config().paired_comms and not Config(wave_groups=False).paired_comms
+    assert not Config(pair_comms=False).paired_comms  # then each stage has its own
     monkeypatch.setenv("RINGREDUCE_NCCL_BLOCKING", "0")
     assert not Config.from_env().nccl_blocking
     monkeypatch.setenv("RINGREDUCE_NCCL_BLOCKING", "maybe")

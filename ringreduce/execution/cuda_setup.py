@@ -74,13 +74,14 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
     res.transport = NcclTransport(topo, comms, timeout_s, blocking, res.kernels)
     res.sync = CudaStreams(res.device, schedule.event_names(
         topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
-    res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: async_error(comms),
+    unique = distinct(comms)  # fixed from here on; the watchdog polls it, teardown walks it
+    res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: async_error(unique),
                             on_failure=lambda exc: res.fail(exc, None),
                             stuck_issue=res.stuck_issue)
     res.watchdog.start()  # before the first call: its connection setup may hang
     res.release_steps += [
         lambda c=c, b=blocking and name != "root": finalize(res, c, timeout_s, b)
-        for name, c in distinct(comms).items()]
+        for name, c in unique.items()]
 
 
 def distinct(comms: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +108,7 @@ def _split_stages(comms: dict[str, Any], split: Callable[..., Any], topo: Topolo
     if topo.machines > 1:
         pairs.append(("collect", "diffuse", topo.device_index, topo.machine_index,
                       config.rail_channels))
-    shared = config.wave_groups and config.pair_comms
+    shared = config.paired_comms
     for first, second, color, key, channels in pairs:
         comms[first] = split(color, key, channels_per_net_peer=channels)
         comms[second] = (comms[first] if shared
@@ -190,8 +191,9 @@ def abort_together(comms: dict[str, Any], device: torch.device) -> None:
 
 
 def async_error(comms: dict[str, Any]) -> str | None:
-    """The first NCCL asynchronous error over ringreduce's communicators, named."""
-    for name, comm in distinct(comms).items():
+    """The first NCCL asynchronous error over ``comms`` (each communicator once,
+    ``distinct``), named."""
+    for name, comm in comms.items():
         message = nccl.async_error(comm)
         if message:
             return f"{name} communicator: {message}"

@@ -47,6 +47,7 @@ _ENV = {
     "timeout_s": "RINGREDUCE_TIMEOUT",
     "debug": "RINGREDUCE_DEBUG",
     "check_new_calls": "RINGREDUCE_CHECK_NEW_CALLS",
+    "check_call_end": "RINGREDUCE_CHECK_CALL_END",
     "flight_records": "RINGREDUCE_FLIGHT_RECORDS",
     "flight_file": "RINGREDUCE_FLIGHT_FILE",
     "wire_dtype": "RINGREDUCE_WIRE_DTYPE",
@@ -112,7 +113,16 @@ class Config:
     do not compare sizes: a rank whose peer calls with a dtype of another width
     returned wrong values as success (H100, benchmarks/results/2026-11-25-h100-engine-v2).
     One store round trip per new kind of call, none in a steady stream of DDP buckets;
-    ranks that swap two calls each has made before still need ``debug``."""
+    ranks that swap two calls each has made before are ``check_call_end``'s."""
+
+    check_call_end: bool = True
+    """End every hierarchical all_reduce with an all-reduce of its signature (numel,
+    dtype, op) over every rank, compared on the device (``RINGREDUCE_CHECK_CALL_END``;
+    0 turns it off; safety/signature.py). It catches what the store checks leave:
+    ranks that swap calls each has made before. No rank can finish a call before every
+    rank reached its end, and ranks that reach it with different calls fail there,
+    naming both. One more small operation in the call's last NCCL group and two
+    one-thread kernels per call; CUDA with cupy, and the CPU path."""
 
     flight_records: int = 64
     """Operations kept by the flight recorder (``RINGREDUCE_FLIGHT_RECORDS``); they

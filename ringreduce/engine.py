@@ -113,6 +113,7 @@ class Communicator:
                 f"({r.staging_slots} slots), min_bytes={c.min_bytes}, "
                 f"rail_channels={c.rail_channels or 'nccl default'}, "
                 f"wire={c.wire_dtype or 'tensor dtype'}, {per_device}, "
+                f"check_call_end={int(r.call_check is not None)}, "
                 f"issuer={r.native.mode if r.native is not None else 'python'}")
 
     def all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM,

@@ -216,8 +216,7 @@ MISMATCHES = {"numel": (torch.float32, 100_001, ()), "dtype": (torch.float64, 10
 dtype of another width), and the ranks that gloo itself terminates: the receiver of a
 message longer than it posted (rank 1's intra-machine peer, in reduce_scatter) dies in
 gloo's I/O thread ("Received data size doesn't match expected size"). A dtype of the
-same width (float32 against int32) moves the same bytes: only RINGREDUCE_DEBUG=1 can
-tell, as with gloo's and NCCL's own calls."""
+same width moves the same bytes: the end-of-call check's test is below."""
 
 
 def _undebugged_mismatch_worker(rank: int, world: int, what: str) -> None:
@@ -250,6 +249,44 @@ def test_mismatched_known_calls_without_debug_end_at_the_deadline(what: str) -> 
     aborted = {r: -signal.SIGABRT for r in MISMATCHES[what][2]}
     run_test_ranks(_undebugged_mismatch_worker, 4, what, timeout=120, expect_exit=aborted,
                    env={"RINGREDUCE_TIMEOUT": str(DEADLINE)})
+
+
+def _same_width_worker(rank: int, world: int, check_call_end: bool) -> None:
+    """Every rank has made both calls before; then rank 1 reduces int32 where the others
+    reduce float32, 100,000 of each: the same bytes, so every stage completes. The
+    end-of-call check makes every rank raise, naming both calls; without it (the
+    control) every rank returns values that are wrong, as success."""
+    comm = _healthy()
+    for dtype in (torch.float32, torch.int32):
+        t = torch.ones(100_000, dtype=dtype)
+        comm.all_reduce(t)
+        assert torch.equal(t, torch.full_like(t, world))
+    dtype = torch.int32 if rank == 1 else torch.float32
+    t = torch.ones(100_000, dtype=dtype)
+    if not check_call_end:
+        comm.all_reduce(t)
+        assert not torch.equal(t, torch.full_like(t, world)), "the control reduced correctly"
+        return
+    if rank == 1:
+        faults.mark_fault()
+    started = time.monotonic()
+    with pytest.raises(ringreduce.RingReduceError, match=(
+            r"stage 'call check' failed on rank \d in operation #4, peers \(group ranks\) "
+            r"\[0, 1, 2, 3\]: ranks called different operations: this rank all_reduce\("
+            r"numel=100000, dtype=torch.(float32|int32), op=sum\), another all_reduce\("
+            r"numel=100000, dtype=torch.(int32|float32), op=sum\)")) as info:
+        comm.all_reduce(t)
+    assert time.monotonic() - started < DEADLINE, "the check waited for the deadline"
+    _report("dtype of the same width, both calls known", rank, info.value)
+    faults.meet("raised", world)
+    _carry_on(rank, range(world), 2)
+
+
+@pytest.mark.parametrize("check_call_end", [True, False], ids=["checked", "control"])
+def test_same_width_dtype_swap_is_named_by_the_end_of_call_check(check_call_end: bool) -> None:
+    run_test_ranks(_same_width_worker, 4, check_call_end, timeout=120,
+                   env={"RINGREDUCE_TIMEOUT": str(DEADLINE),
+                        "RINGREDUCE_CHECK_CALL_END": str(int(check_call_end))})
 
 
 def _store_gone_worker(rank: int, world: int, server_pid: int, fresh: str) -> None:

@@ -140,6 +140,26 @@ def test_async_error_fails_at_once_naming_the_oldest_operation() -> None:
                             "process exited or there was a network error)")
 
 
+def test_a_call_the_end_check_failed_is_never_counted_finished() -> None:
+    """The check's report is read after the completions, in the same poll: a call whose
+    end event completed fails (wait_idle raises) instead of being dropped as done."""
+    found = AsyncError()
+    wd, failures, _ = _watchdog(timeout_s=60.0, call_check=found, everyone=range(4))
+    wd.watch(5, "tensor of 10 x torch.float32", _stages(False, False, False)[0])
+    time.sleep(5 * POLL)
+    assert wd.pending() == 1 and not failures.errors and found.calls > 0
+    found.message = "ranks called different operations: this rank all_reduce(...)"
+    wd.watch(6, "tensor of 20 x torch.float32", _stages(True, True, True)[0])
+    assert failures.called.wait(2.0)
+    message = str(failures.errors[0])
+    assert message.startswith("ringreduce stage 'call check' failed on rank 1 in one of "
+                              "operations #5..#6, peers (group ranks) [0, 1, 2, 3]: ranks "
+                              "called different operations"), message
+    with pytest.raises(RingReduceError, match="call check"):
+        wd.wait_idle(2.0)
+    wd.stop()
+
+
 def test_on_failure_runs_once_and_the_thread_stops() -> None:
     wd, failures, errors = _watchdog(timeout_s=0.05)
     for n in range(5):

@@ -34,3 +34,4 @@ class CallContext:
         self.op_number: int = record.op_number
         self.record: Record = record
         self.wire: torch.dtype | None = None
+        self.check: Any = res.call_check    # call_check.DeviceCallCheck, HostCallCheck or None

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import kernels, native, nccl
+from ringreduce.execution.call_check import DeviceCallCheck
 from ringreduce.execution.graphs import GraphCache
 from ringreduce.execution.streams import CudaStreams
 from ringreduce.execution.transport import NcclTransport
@@ -74,10 +75,14 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
     res.transport = NcclTransport(topo, comms, timeout_s, blocking, res.kernels)
     res.sync = CudaStreams(res.device, schedule.event_names(
         topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
+    if config.check_call_end and res.kernels is not None:
+        res.call_check = DeviceCallCheck(res.device, res.kernels)
     unique = distinct(comms)  # fixed from here on; the watchdog polls it, teardown walks it
     res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: async_error(unique),
                             on_failure=lambda exc: res.fail(exc, None),
-                            stuck_issue=res.stuck_issue)
+                            stuck_issue=res.stuck_issue,
+                            call_check=res.call_check and res.call_check.mismatch,
+                            everyone=range(topo.world_size))
     res.watchdog.start()  # before the first call: its connection setup may hang
     res.release_steps += [
         lambda c=c, b=blocking and name != "root": finalize(res, c, timeout_s, b)

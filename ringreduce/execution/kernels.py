@@ -80,7 +80,7 @@ class Kernels:
         self._streams: dict[int, Any] = {}
         numeric = (source_dir() / "numeric.cuh").read_text()
         self._sources = {name: numeric + (source_dir() / name).read_text()
-                         for name in ("add.cu", "wire.cu")}
+                         for name in ("add.cu", "wire.cu", "check.cu")}
 
     def _function(self, source: str, name: str) -> Any:
         """``name`` (a template instance) compiled from native/``source``, cached."""
@@ -168,6 +168,24 @@ class Kernels:
                      packed.element_size(),
                      (np.uint64(pointers[0].data_ptr()), np.uint64(pointers[1].data_ptr()),
                       np.int64(k), np.int32(nrows), np.int32(skip)), stream)
+
+
+    def mapped(self, host_pointer: int) -> int:
+        """The device pointer of pinned host memory (kernels write there, the host reads)."""
+        return int(self._cupy.cuda.runtime.hostGetDevicePointer(host_pointer, 0))
+
+    def put_signature(self, words: torch.Tensor, signature: int, stream: int) -> None:
+        """``words[:] = [signature, ~signature]`` (int64, 2), on ``stream``."""
+        self._launch("check.cu", "rr_put_signature", 1, 1, 8,
+                     (np.uint64(words.data_ptr()), np.int64(signature)), stream)
+
+    def check_signature(self, got: torch.Tensor, signature: int, report: int,
+                        stream: int) -> None:
+        """After the all-reduce (MAX) of every rank's words into ``got``: a mismatch
+        with ``signature`` is written to ``report`` (device pointer of host memory)."""
+        self._launch("check.cu", "rr_check_signature", 1, 1, 8,
+                     (np.uint64(got.data_ptr()), np.int64(signature), np.uint64(report)),
+                     stream)
 
 
 def _aligned(k: int, vec: int, *tensors: tuple[torch.Tensor, int]) -> bool:

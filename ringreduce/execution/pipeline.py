@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ringreduce.errors import RingReduceError, stage_error
+from ringreduce.execution import call_check
 from ringreduce.execution.add import add, add_wire, finish_average
 from ringreduce.execution.streams import FLAT
 from ringreduce.execution.transport import Part
@@ -36,6 +37,7 @@ from ringreduce.plan import schedule
 from ringreduce.plan.layout import SlicePlan
 from ringreduce.plan.schedule import ENTRY, Step, Wave
 from ringreduce.plan.topology import Topology
+from ringreduce.safety import signature
 from ringreduce.safety.flight import FlightRecorder
 
 if TYPE_CHECKING:
@@ -127,13 +129,15 @@ def run_waves(waves: Sequence[Wave], flat: torch.Tensor, plans: Sequence[SlicePl
     its steps' waits, then their operations (the NCCL ones as one group), then their
     records (schedule.waves says why that order)."""
     stages = schedule.active_stages(ctx.topo.devices_per_machine)
+    end = _EndCheck(ctx, flat, op, stages[-1], len(plans) - 1) if ctx.check else None
     ios: dict[int, SliceIO] = {}
     for wave in waves:
         todo = [(step, _io(ios, step, flat, plans, ctx)) for step in wave]
         for step, _ in todo:
             ctx.sync.wait(step.stage, step.waits)
             stamp(ctx.record, step.stage, step.slice_index, "start")
-        _issue_wave(todo, stages, flat, op, ctx)
+        closing = end if end is not None and any(end.closes(step) for step, _ in todo) else None
+        _issue_wave(todo, stages, flat, op, ctx, closing)
         for step, _ in todo:
             if step.stage == stages[-1]:
                 del ios[step.slice_index]
@@ -150,13 +154,29 @@ def _io(ios: dict[int, SliceIO], step: Step, flat: torch.Tensor,
     return io
 
 
+class _EndCheck:
+    """The end-of-call check of one call (call_check.py): its signature, and the step
+    whose wave carries it (the last slice's last stage), on whose stream it runs."""
+
+    def __init__(self, ctx: CallContext, flat: torch.Tensor, op: str, last_stage: str,
+                 last_slice: int) -> None:
+        self.check, self.stage, self.last_slice = ctx.check, last_stage, last_slice
+        self.own = signature.encode(flat.numel(), str(flat.dtype).removeprefix("torch."), op)
+
+    def closes(self, step: Step) -> bool:
+        return step.stage == self.stage and step.slice_index == self.last_slice
+
+
 def _issue_wave(todo: Sequence[tuple[Step, SliceIO]], stages: Sequence[str],
-                flat: torch.Tensor, op: str, ctx: CallContext) -> None:
+                flat: torch.Tensor, op: str, ctx: CallContext,
+                end: _EndCheck | None = None) -> None:
     """The wave's operations in three phases: what precedes the NCCL kernels on their
     streams (tail copies in, wire narrowing) and the add kernels; the NCCL operations of
     every other stage as one group (nothing but NCCL inside it: a group defers NCCL's
     launches to its end, not CUDA's); what must follow them (wire widening, tail copies
-    back). A failure names its step, or every stage of the group."""
+    back). ``end``: this wave closes the call, and carries its end-of-call check (in
+    the group after the stages' operations, over every rank). A failure names its
+    step, or every stage of the group."""
     grouped = [step.stage for step, _ in todo if step.stage != "add"]
     for step, io in todo:
         with _on_step(ctx, step, io, flat):
@@ -166,16 +186,24 @@ def _issue_wave(todo: Sequence[tuple[Step, SliceIO]], stages: Sequence[str],
                 _run_stage(step.stage, io.parts, op, ctx)
             else:
                 ctx.transport.prepare(step.stage, io.parts, ctx.sync.handle(step.stage))
+    if end is not None:
+        end.check.put(ctx, end.own, ctx.sync.handle(end.stage))
+        grouped.append("world")
     with _wave_errors(ctx, grouped, todo, flat), ctx.transport.group(grouped):
         for step, io in todo:
             if step.stage != "add":
                 with stage_errors(ctx, step.stage, flat, str(step.slice_index)):
                     _run_stage(step.stage, io.parts, op, ctx)
+        if end is not None:
+            with stage_errors(ctx, call_check.STAGE, flat):
+                end.check.exchange(ctx, ctx.sync.handle(end.stage))
     for step, io in todo:
         with _on_step(ctx, step, io, flat):
             ctx.transport.finish(step.stage, io.parts, ctx.sync.handle(step.stage))
             if step.stage == stages[-1]:
                 io.copy_out(ctx.sync, step.stage)
+    if end is not None:
+        end.check.verify(ctx, end.own, ctx.sync.handle(end.stage))
 
 
 @contextlib.contextmanager

@@ -136,8 +136,12 @@ class RecordedNccl:
                       nccl.dtype_code(send.dtype), stream, pointers=(1, 2))
 
     def all_reduce(self, comm: Any, t: torch.Tensor, op: str, stream: int) -> None:
-        self.rec.emit("all_reduce", comm._comm, t.data_ptr(), t.data_ptr(), t.numel(),
-                      nccl.dtype_code(t.dtype) | nccl.op_code(op) << 8, stream,
+        self.all_reduce_into(comm, t, t, op, stream)
+
+    def all_reduce_into(self, comm: Any, send: torch.Tensor, recv: torch.Tensor, op: str,
+                        stream: int) -> None:
+        self.rec.emit("all_reduce", comm._comm, send.data_ptr(), recv.data_ptr(), send.numel(),
+                      nccl.dtype_code(send.dtype) | nccl.op_code(op) << 8, stream,
                       pointers=(1, 2))
 
 

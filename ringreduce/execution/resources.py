@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ringreduce.config import Config, host_identity
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import cuda_setup
+from ringreduce.execution.call_check import HostCallCheck
 from ringreduce.execution.graphs import GraphCache
 from ringreduce.execution.pipeline import Buffers
 from ringreduce.execution.streams import HostOrder
@@ -75,6 +76,8 @@ class Resources:
     native: Any = None
     """The native issuer (native.NativeIssuer: a worker thread issues hierarchical CUDA
     calls); None: every call is issued from Python."""
+    call_check: Any = None
+    """The end-of-call check (call_check.py, Config.check_call_end); None: off."""
     issuing: tuple[Record, float] | None = None
     """The call being issued and since when (time.monotonic()); None between calls."""
 
@@ -170,6 +173,7 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
         cuda_setup.build_cuda(res, store, config)
     else:
         _build_cpu(res, store, datetime.timedelta(seconds=config.timeout_s))
+        res.call_check = HostCallCheck() if config.check_call_end else None
     res.divisors = _divisors(world, device)
     if is_cuda:  # last, as ever: what graphs capture and the native issuer traces reads them
         cuda_setup.build_replay(res, config)

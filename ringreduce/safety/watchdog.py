@@ -88,7 +88,9 @@ class Watchdog:
     def __init__(self, timeout_s: float, *, async_error: Callable[[], str | None],
                  on_failure: Callable[[RingReduceError], None],
                  poll_s: float = DEFAULT_POLL_S, rank: int | None = None,
-                 stuck_issue: Callable[[], Issue | None] | None = None) -> None:
+                 stuck_issue: Callable[[], Issue | None] | None = None,
+                 call_check: Callable[[], str | None] | None = None,
+                 everyone: Sequence[int] = ()) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r} must be positive seconds")
         if not poll_s > 0:
@@ -96,6 +98,10 @@ class Watchdog:
         self.timeout_s, self.poll_s, self.rank = timeout_s, poll_s, rank
         self._async_error, self._on_failure = async_error, on_failure
         self._stuck_issue = stuck_issue
+        self._call_check, self._everyone = call_check, tuple(everyone)
+        """What the end-of-call check found (ranks called different operations), read
+        after the completions, so a call it failed is never counted finished; the
+        error names ``everyone``, the ranks that took part."""
         self._idle_s = None if stuck_issue is None else max(poll_s, timeout_s / 4)
         """How long an idle thread sleeps: forever, unless issues are watched too."""
         self._cond = threading.Condition()
@@ -210,6 +216,9 @@ class Watchdog:
         stuck = self._expired_issue()
         if stuck is not None or not ops:
             return stuck
+        mismatch = self._call_check() if self._call_check is not None else None
+        if mismatch:
+            return self._mismatch(ops, mismatch)
         pending = [op for op in ops if not op.finished()]
         message = self._async_error()
         if message:
@@ -241,6 +250,14 @@ class Watchdog:
             self._ops[0].oldest_since = time.monotonic()
         if len(self._ops) != before:
             self._cond.notify_all()  # wait_idle
+
+    def _mismatch(self, ops: list[_Op], cause: str) -> RingReduceError:
+        """The check does not say which call it failed: one of those watched since
+        the last poll, so it names them."""
+        first, last = ops[0], ops[-1]
+        where = (f"operation #{first.op_number} ({first.what})" if first is last else
+                 f"one of operations #{first.op_number}..#{last.op_number}")
+        return stage_error("call check", self.rank, where, self._everyone, cause)
 
     def _error(self, op: _Op, cause: str) -> RingReduceError:
         stage, peers = "-", ()

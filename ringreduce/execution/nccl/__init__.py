@@ -19,6 +19,7 @@ from __future__ import annotations
 from ringreduce.execution.nccl.calls import (
     all_gather,
     all_reduce,
+    all_reduce_into,
     group_ready,
     recv,
     reduce_scatter,
@@ -43,7 +44,7 @@ from ringreduce.execution.nccl.lifecycle import (
 )
 
 __all__ = [
-    "Comm", "abort", "all_gather", "all_reduce", "async_error", "comm_config",
+    "Comm", "abort", "all_gather", "all_reduce", "all_reduce_into", "async_error", "comm_config",
     "describe_result", "dtype_code", "finalize_and_destroy", "group_ready",
     "init_nonblocking", "new_unique_id", "op_code", "recv", "reduce_scatter", "send",
     "split", "version", "wait_ready",

@@ -26,7 +26,12 @@ from ringreduce.execution.nccl.lifecycle import wait_ready
 # ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
 #     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 def all_reduce(comm: Comm, t: torch.Tensor, op: str, stream: int) -> None:
-    _raw.all_reduce(t.data_ptr(), t.data_ptr(), t.numel(), dtype_code(t.dtype),
+    all_reduce_into(comm, t, t, op, stream)
+
+
+def all_reduce_into(comm: Comm, send: torch.Tensor, recv: torch.Tensor, op: str,
+                    stream: int) -> None:
+    _raw.all_reduce(send.data_ptr(), recv.data_ptr(), send.numel(), dtype_code(send.dtype),
                     op_code(op), comm._comm, stream)
 
 

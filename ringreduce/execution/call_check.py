@@ -1,0 +1,83 @@
+"""The end-of-call check (Config.check_call_end): its buffers and its three steps.
+
+ringreduce.safety.signature says what is compared and why. The step loop issues the
+steps in the wave that carries the last slice's last stage, on that stage's stream:
+
+  before the group  put     words = [s, ~s]
+  in the group      exchange  all-reduce (MAX) of words into got, over the world
+                            communicator (every rank, whatever the topology)
+  after the group   verify  got against s
+
+Everything the check touches lives on that one stream, so consecutive calls never
+race on the two buffers. On CUDA, ``verify`` is a kernel that writes a mismatch into
+host memory, which the watchdog reads before it counts a call finished; on the CPU
+the host compares at once and the call raises.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ringreduce.errors import stage_error
+from ringreduce.safety import signature
+
+if TYPE_CHECKING:
+    from ringreduce.execution.context import CallContext
+
+STAGE = "call check"
+"""What errors of the check name as their stage (as the Guard's store checks do)."""
+
+
+class DeviceCallCheck:
+    """CUDA: the words on the device; a mismatch lands in pinned host memory as
+    [state, largest, smallest, own] (native/check.cu)."""
+
+    def __init__(self, device: torch.device, kernels: Any) -> None:
+        self.words = torch.zeros(2, dtype=torch.int64, device=device)
+        self.got = torch.zeros(2, dtype=torch.int64, device=device)
+        self._report = torch.zeros(4, dtype=torch.int64, pin_memory=True)
+        self._seen = self._report.numpy()  # reads the pinned words, no copy, no sync
+        self._report_pointer = kernels.mapped(self._report.data_ptr())
+
+    def put(self, ctx: CallContext, own: int, stream: int) -> None:
+        ctx.kernels.put_signature(self.words, own, stream)
+
+    def exchange(self, ctx: CallContext, stream: int) -> None:
+        ctx.transport.exchange_signature(self.words, self.got, stream)
+
+    def verify(self, ctx: CallContext, own: int, stream: int) -> None:
+        ctx.kernels.check_signature(self.got, own, self._report_pointer, stream)
+
+    def mismatch(self) -> str | None:
+        """For the watchdog, after a call's end event completed: what the ranks called
+        differently, or None. The kernel wrote the words before the state."""
+        if not self._seen[0]:
+            return None
+        largest, smallest, own = (int(v) for v in self._seen[1:])
+        return signature.disagreement(largest, smallest, own) or \
+            "the end-of-call check reported a mismatch it could not decode"
+
+
+class HostCallCheck:
+    """CPU (gloo): the same exchange, compared on the host when it returns."""
+
+    def __init__(self) -> None:
+        self.words = torch.zeros(2, dtype=torch.int64)
+        self.got = torch.zeros(2, dtype=torch.int64)
+
+    def put(self, ctx: CallContext, own: int, stream: None) -> None:
+        self.words[0], self.words[1] = own, ~own
+
+    def exchange(self, ctx: CallContext, stream: None) -> None:
+        ctx.transport.exchange_signature(self.words, self.got, stream)
+
+    def verify(self, ctx: CallContext, own: int, stream: None) -> None:
+        why = signature.disagreement(int(self.got[0]), ~int(self.got[1]), own)
+        if why is not None:
+            raise stage_error(STAGE, ctx.topo.rank, f"operation #{ctx.op_number}",
+                              tuple(range(ctx.topo.world_size)), why)
+
+    def mismatch(self) -> str | None:
+        return None  # the call that disagreed raised already

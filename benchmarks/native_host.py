@@ -80,9 +80,10 @@ DEFAULT_WAYS = ("native", "native/sep", "native/stage", "python", "python/sep", 
 """Each issuer as configured by default (a group per wave, a communicator per stage
 pair), as ``/sep`` (a communicator per stage, RINGREDUCE_PAIR_COMMS=0) and as ``/stage``
 (a group per stage, RINGREDUCE_WAVE_GROUPS=0, the engine before v2). Also accepted:
-``native/8M`` (another slice size) and ``native/graphs`` (ringreduce's own CUDA-graph
+``native/8M`` (another slice size), ``native/graphs`` (ringreduce's own CUDA-graph
 replay, ``graphs=8``: the same tensor comes back every call, so it is captured at its
-second call and replayed after)."""
+second call and replayed after) and ``native/nocheck`` (without the end-of-call check,
+RINGREDUCE_CHECK_CALL_END=0)."""
 
 
 def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.Communicator]:
@@ -94,13 +95,15 @@ def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.C
         os.environ["RINGREDUCE_ISSUER"] = issuer
         os.environ["RINGREDUCE_WAVE_GROUPS"] = "0" if variant == "stage" else "1"
         os.environ["RINGREDUCE_PAIR_COMMS"] = "0" if variant in ("sep", "stage") else "1"
+        os.environ["RINGREDUCE_CHECK_CALL_END"] = "0" if variant == "nocheck" else "1"
         slice_bytes = parse_size(variant) if variant[:1].isdigit() else None
         graphs = 8 if variant == "graphs" else None
         comms[way] = ringreduce.Communicator(machines=machines, slice_bytes=slice_bytes,
                                              graphs=graphs)
         described = comms[way].describe()
         assert described.endswith(f"issuer={issuer}"), described
-    del os.environ["RINGREDUCE_WAVE_GROUPS"], os.environ["RINGREDUCE_PAIR_COMMS"]
+    for name in ("WAVE_GROUPS", "PAIR_COMMS", "CHECK_CALL_END"):
+        del os.environ[f"RINGREDUCE_{name}"]
     return comms
 
 

@@ -19,7 +19,8 @@ def _count_stage_calls(comm: ringreduce.Communicator) -> dict[str, int]:
     """Spy on the real transport: count how often each stage operation ran."""
     counts: dict[str, int] = {}
     transport = comm._res.transport
-    for name in ("reduce_scatter", "collect", "diffuse", "all_gather", "flat_all_reduce"):
+    for name in ("reduce_scatter", "collect", "diffuse", "all_gather", "flat_all_reduce",
+                 "exchange_signature"):
         real = getattr(transport, name)
 
         def counted(*a: object, _real=real, _name=name) -> None:
@@ -43,6 +44,7 @@ def _sweep_worker(rank: int, world: int, machines: int) -> None:
     if machines > 1:
         assert counts.get("flat_all_reduce", 0) == 0, counts
         assert counts["collect"] == counts["diffuse"] > 0, counts
+        assert counts["exchange_signature"] > 0, counts  # the end-of-call check ran
     else:
         assert set(counts) == {"flat_all_reduce"}, counts
     if devices > 1 and machines > 1:
@@ -63,7 +65,8 @@ def _slices_worker(rank: int, world: int) -> None:
         counts = _count_stage_calls(comm)
         n = 10 * 64 + 3  # fp32: 64 elements a slice -> 10 full slices + 3 elements
         assert sweep(comm, [n], CPU, dtypes=(torch.float32,), ops=(dist.ReduceOp.SUM,)) == 1
-    assert counts == {"reduce_scatter": 11, "collect": 11, "diffuse": 11, "all_gather": 11}, counts
+    assert counts == {"reduce_scatter": 11, "collect": 11, "diffuse": 11, "all_gather": 11,
+                      "exchange_signature": 1}, counts  # and one end-of-call check
 
 
 def test_slices_flow_through_every_stage() -> None:

@@ -241,14 +241,21 @@ def test_gpu_rail_link_cut_mid_call_becomes_an_error() -> None:
         netns.remove(link)
 
 
-MISMATCHES = {"numel": (torch.float32, 1_000_001), "dtype": (torch.float64, 1_000_000)}
-"""What rank 1 calls with while the others call 1,000,000 x float32."""
+MISMATCHES = {"numel": (torch.float32, 1_000_001), "dtype": (torch.float64, 1_000_000),
+              "width": (torch.int32, 1_000_000)}
+"""What rank 1 calls with while the others call 1,000,000 x float32: another size, a
+dtype of another width, a dtype of the same width (the same bytes: every NCCL operation
+completes, and only the end-of-call check can tell)."""
+CALL_CHECK = (r"stage 'call check' failed on rank \d+ in (one of )?operations? #[\d.#]+.*, "
+              r"peers \(group ranks\) \[[\d, ]+\]: ranks called different operations: this "
+              r"rank all_reduce\(numel=1000000, dtype=torch.(float32|int32), op=sum\), another "
+              r"all_reduce\(numel=1000000, dtype=torch.(int32|float32), op=sum\)")
 
 CHECKS = {"debug": {"RINGREDUCE_DEBUG": "1"}, "new": {"RINGREDUCE_CHECK_NEW_CALLS": "1"},
           "swap": {"RINGREDUCE_CHECK_NEW_CALLS": "1"}}
 """How the mismatch meets the checks: every call checked; a kind of call no rank made
 before (the default check); both kinds made by every rank before, then swapped on
-rank 1 (the default check passes both, so only the deadline can tell)."""
+rank 1 (the store checks pass both: the end-of-call check, or the deadline)."""
 
 
 def _mismatch_worker(rank: int, world: int, what: str, check: str) -> None:
@@ -265,7 +272,8 @@ def _mismatch_worker(rank: int, world: int, what: str, check: str) -> None:
     if rank == 1:
         faults.mark_fault()
     op = 4 if check == "swap" else 2
-    rule = (STAGE_ERROR if check == "swap" else
+    rule = (CALL_CHECK if what == "width" else f"{STAGE_ERROR}|stage 'call check'"
+            if check == "swap" else
             rf"collective mismatch at operation #{op}: rank \d+ calls all_reduce\(numel=\d+, "
             r"dtype=torch.float\d+")
     with pytest.raises(ringreduce.RingReduceError, match=rule) as info:
@@ -284,25 +292,19 @@ def _mismatch_worker(rank: int, world: int, what: str, check: str) -> None:
         comm.all_reduce(t)
         assert torch.equal(t, torch.full_like(t, float(world)))
         comm.close()
-    else:
-        assert "RINGREDUCE_TIMEOUT" in str(info.value) or "NCCL" in str(info.value)
+    else:  # the deadline, NCCL's own error after a peer aborted, or the end check
+        assert any(why in str(info.value) for why in
+                   ("RINGREDUCE_TIMEOUT", "NCCL", "ranks called different operations"))
         faults.meet("raised", world, DEADLINE + SLACK)
         faults.carry_on(rank, range(world), SMALL[0], dev)
     _leave()
 
 
-NARROW_RANK_RETURNS = pytest.mark.xfail(strict=True, reason=(
-    "known gap, measured on one H100 under MPS (benchmarks/results/2026-11-25-h100-"
-    "engine-v2, run 3): NCCL's send/recv do not compare sizes, so when rank 1 swaps in "
-    "a float64 call every rank made before (the new-call check passed it), the float32 "
-    "ranks' call returns with every element wrong, as success; only RINGREDUCE_DEBUG=1 "
-    "catches it. strict: the day it raises everywhere, this fails"))
-
-
 @pytest.mark.parametrize("what,check", [
     ("dtype", "debug"), ("numel", "debug"), ("dtype", "new"), ("numel", "new"),
-    ("numel", "swap"), pytest.param("dtype", "swap", marks=NARROW_RANK_RETURNS)],
-    ids=["dtype-debug", "numel-debug", "dtype-new", "numel-new", "numel-swap", "dtype-swap"])
+    ("numel", "swap"), ("dtype", "swap"), ("width", "swap")],
+    ids=["dtype-debug", "numel-debug", "dtype-new", "numel-new", "numel-swap", "dtype-swap",
+         "width-swap"])
 def test_gpu_mismatched_call_becomes_an_error(what: str, check: str) -> None:
     run_test_ranks(_mismatch_worker, SMALL[0] * SMALL[1], what, check, backend="nccl",
                    env=_env_with_deadline(*SMALL, CHECKS[check]), timeout=240)

@@ -21,6 +21,7 @@ import torch
 from ringreduce import info
 from ringreduce.config import Config
 from ringreduce.execution import kernels, native, recording
+from ringreduce.execution.call_check import DeviceCallCheck
 from ringreduce.execution.kernels import Kernels
 from ringreduce.execution.pipeline import Buffers, run_waves
 from ringreduce.execution.transport import NcclTransport
@@ -30,6 +31,8 @@ _native, WHY = native.extension()
 built = pytest.mark.skipif(_native is None, reason=f"no extension: {WHY}")
 NOP_US = 2000
 SLICE = 4096
+REPORT = 0x7E5000
+"""Where the end-of-call check's report would be (an address outside every tensor)."""
 
 
 def _compiler() -> str | None:
@@ -231,6 +234,14 @@ class _Kernels:
                          np.uint64(rows.data_ptr()), np.int64(own.numel()),
                          np.int32(rows.shape[0]), np.float32(world_size)), stream)
 
+    def put_signature(self, words, signature, stream) -> None:
+        self.emit.launch(_Function(), 1, 256, (np.uint64(words.data_ptr()),
+                                               np.int64(signature)), stream)
+
+    def check_signature(self, got, signature, report, stream) -> None:
+        self.emit.launch(_Function(), 1, 256, (np.uint64(got.data_ptr()), np.int64(signature),
+                                               np.uint64(report)), stream)
+
 
 class _Compiled(dict):
     """Kernels' cache of compiled functions, as if every template were compiled: the
@@ -260,6 +271,14 @@ def _communicator_parts(rank: int, machines: int = 2,
     return topo, buffers, real, slots
 
 
+@functools.cache
+def _call_check(rank: int, machines: int, devices: int) -> DeviceCallCheck:
+    """The communicator's end-of-call check (CPU memory: only traced, never run)."""
+    int64 = torch.int64
+    return DeviceCallCheck(torch.zeros(2, dtype=int64), torch.zeros(2, dtype=int64),
+                           torch.zeros(4, dtype=int64), REPORT)
+
+
 def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
            wire: torch.dtype | None = None, real_kernels: bool = False,
            ) -> tuple[recording.Recorder, Any, Any, torch.Tensor]:
@@ -276,9 +295,10 @@ def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
     else:
         kernels = _Kernels()
         kernels.emit = rec
-    comms = {s: SimpleNamespace(_comm=7 + i) for i, s in enumerate(schedule.STAGES)}
+    comms = {s: SimpleNamespace(_comm=7 + i) for i, s in enumerate((*schedule.STAGES, "world"))}
+    check = _call_check(rank, machines, devices)
     ctx = SimpleNamespace(topo=topo, buffers=buffers, kernels=kernels, wire=wire, record=None,
-                          op_number=1, sync=recording.RecordedStreams(real, rec),
+                          op_number=1, sync=recording.RecordedStreams(real, rec), check=check,
                           transport=NcclTransport(topo, comms, 1.0, True,
                                                   kernels if real_kernels else None,
                                                   calls=recording.RecordedNccl(rec)))
@@ -297,8 +317,17 @@ def test_a_traced_call_is_the_plans_operations_and_independent_of_the_tensors_ad
     parts = len(plans) + 1  # every slice's body, and the padding slot on the last one
     # one NCCL group per wave (rs co di ag of up to four slices), not one per stage
     assert counts["group_start"] == counts["group_end"] == len(waves) == len(plans) + 4
-    assert counts["reduce_scatter"] == counts["all_gather"] == counts["launch"] == parts
+    assert counts["reduce_scatter"] == counts["all_gather"] == counts["launch"] - 2 == parts
     assert counts["send"] == counts["recv"] == 2 * parts  # collect and diffuse, one peer
+    assert counts["all_reduce"] == 1  # the end-of-call check, inside the last group, and
+    # its two launches (put, verify) above: the last instructions but the flag's
+    names = {code: name for name, code in _native.OPS.items()}
+    order = [names[op] for op, *_ in struct.iter_unpack("<9q", bytes(rec.code))]
+    start, end = len(order) - order[::-1].index("group_start") - 1, order.index("all_reduce")
+    assert "launch" in order[start - 2:start], order[start - 4:]  # put, before the group
+    assert order[start:end] == ["group_start", "all_gather", "all_gather"], order[start:]
+    assert order[end + 1] == "group_end" and order[end + 2:].count("launch") == 1, order[end:]
+    assert order[-1] == "write_flag", order[end:]  # verified before the flag says done
     assert counts["memcpy"] == 2 and counts["write_flag"] == 1  # tail in and out
     assert counts["wait_event"] == sum(1 for s in steps for n in s.waits
                                        if not n.startswith("tail"))
@@ -338,7 +367,7 @@ def test_traces_with_the_real_kernel_arguments_validate(machines, devices, wire)
     counts = rec.program().counts()
     parts = sum(1 for p in plans if p.k) + (plans[-1].tail > 0)
     per_part = 3 if wire is not None else 1  # narrow, add_wire, widen; else add
-    assert counts["launch"] == per_part * parts, counts
+    assert counts["launch"] == per_part * parts + 2, counts  # and the end check's two
     peers = machines - 1
     assert counts["send"] == counts["recv"] == 2 * peers * parts
     assert counts.get("reduce_scatter", 0) == (parts if devices > 1 else 0)

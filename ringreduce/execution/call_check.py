@@ -16,11 +16,12 @@ the host compares at once and the call raises.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import ctypes
+from typing import TYPE_CHECKING
 
 import torch
 
-from ringreduce.errors import stage_error
+from ringreduce.errors import RingReduceError, stage_error
 from ringreduce.safety import signature
 
 if TYPE_CHECKING:
@@ -34,12 +35,19 @@ class DeviceCallCheck:
     """CUDA: the words on the device; a mismatch lands in pinned host memory as
     [state, largest, smallest, own] (native/check.cu)."""
 
-    def __init__(self, device: torch.device, kernels: Any) -> None:
-        self.words = torch.zeros(2, dtype=torch.int64, device=device)
-        self.got = torch.zeros(2, dtype=torch.int64, device=device)
-        self._report = torch.zeros(4, dtype=torch.int64, pin_memory=True)
-        self._seen = self._report.numpy()  # reads the pinned words, no copy, no sync
-        self._report_pointer = kernels.mapped(self._report.data_ptr())
+    def __init__(self, words: torch.Tensor, got: torch.Tensor, report: torch.Tensor,
+                 report_pointer: int) -> None:
+        self.words, self.got = words, got
+        self._report = report  # kept alive: kernels write into it
+        self._seen = report.numpy()  # reads the pinned words, no copy, no sync
+        self._report_pointer = report_pointer
+
+    @classmethod
+    def on(cls, device: torch.device) -> DeviceCallCheck:
+        report = torch.zeros(4, dtype=torch.int64, pin_memory=True)
+        return cls(torch.zeros(2, dtype=torch.int64, device=device),
+                   torch.zeros(2, dtype=torch.int64, device=device), report,
+                   _device_pointer(report.data_ptr()))
 
     def put(self, ctx: CallContext, own: int, stream: int) -> None:
         ctx.kernels.put_signature(self.words, own, stream)
@@ -58,6 +66,21 @@ class DeviceCallCheck:
         largest, smallest, own = (int(v) for v in self._seen[1:])
         return signature.disagreement(largest, smallest, own) or \
             "the end-of-call check reported a mismatch it could not decode"
+
+
+def _device_pointer(host: int) -> int:
+    """Where kernels reach pinned host memory (cuMemHostGetDevicePointer: the same
+    address under unified addressing, asked anyway, since torch may pin by
+    registering). Neither torch nor cupy exposes the call, so the driver (the
+    process has it loaded) is asked through ctypes, once per Communicator."""
+    device = ctypes.c_uint64()
+    result = ctypes.CDLL("libcuda.so.1").cuMemHostGetDevicePointer_v2(
+        ctypes.byref(device), ctypes.c_void_p(host), ctypes.c_uint(0))
+    if result != 0:
+        raise RingReduceError(f"cuMemHostGetDevicePointer returned CUresult {result} for the "
+                              "end-of-call check's pinned report; RINGREDUCE_CHECK_CALL_END=0 "
+                              "runs without the check")
+    return device.value
 
 
 class HostCallCheck:

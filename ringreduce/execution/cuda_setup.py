@@ -76,7 +76,7 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
     res.sync = CudaStreams(res.device, schedule.event_names(
         topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
     if config.check_call_end and res.kernels is not None:
-        res.call_check = DeviceCallCheck(res.device, res.kernels)
+        res.call_check = DeviceCallCheck.on(res.device)
     unique = distinct(comms)  # fixed from here on; the watchdog polls it, teardown walks it
     res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: async_error(unique),
                             on_failure=lambda exc: res.fail(exc, None),

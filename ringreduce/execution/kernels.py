@@ -170,10 +170,6 @@ class Kernels:
                       np.int64(k), np.int32(nrows), np.int32(skip)), stream)
 
 
-    def mapped(self, host_pointer: int) -> int:
-        """The device pointer of pinned host memory (kernels write there, the host reads)."""
-        return int(self._cupy.cuda.runtime.hostGetDevicePointer(host_pointer, 0))
-
     def put_signature(self, words: torch.Tensor, signature: int, stream: int) -> None:
         """``words[:] = [signature, ~signature]`` (int64, 2), on ``stream``."""
         self._launch("check.cu", "rr_put_signature", 1, 1, 8,

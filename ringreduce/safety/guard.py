@@ -6,8 +6,9 @@
   whose peer sends a longer or shorter message can return wrong values as success.
   By default (``check_new_calls``) each rank checks the first call of every fingerprint
   it has not seen yet, one store round trip per new kind of call and none in a steady
-  stream of DDP buckets; ``RINGREDUCE_DEBUG=1`` checks every call, which also catches
-  ranks that swap two fingerprints each has seen before.
+  stream of DDP buckets; ``RINGREDUCE_DEBUG=1`` checks every call and names the rank.
+  Ranks that swap two fingerprints each has seen before are caught after the fact, on
+  the device, by the end-of-call check (``signature``, ``check_call_end``).
 * ``fail``: the first failed operation poisons the communicator (like torch's NCCL
   process group after a watchdog abort): later calls raise at once instead of
   talking to peers in an unknown state; the flight recorder is dumped once.

@@ -82,8 +82,9 @@ pair), as ``/sep`` (a communicator per stage, RINGREDUCE_PAIR_COMMS=0) and as ``
 (a group per stage, RINGREDUCE_WAVE_GROUPS=0, the engine before v2). Also accepted:
 ``native/8M`` (another slice size), ``native/graphs`` (ringreduce's own CUDA-graph
 replay, ``graphs=8``: the same tensor comes back every call, so it is captured at its
-second call and replayed after) and ``native/nocheck`` (without the end-of-call check,
-RINGREDUCE_CHECK_CALL_END=0)."""
+second call and replayed after), ``native/nocheck`` (without the end-of-call check,
+RINGREDUCE_CHECK_CALL_END=0) and ``native/world`` (the check over the world
+communicator, RINGREDUCE_CALL_CHECK_COMMS=world)."""
 
 
 def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.Communicator]:
@@ -96,13 +97,14 @@ def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.C
         os.environ["RINGREDUCE_WAVE_GROUPS"] = "0" if variant == "stage" else "1"
         os.environ["RINGREDUCE_PAIR_COMMS"] = "0" if variant in ("sep", "stage") else "1"
         os.environ["RINGREDUCE_CHECK_CALL_END"] = "0" if variant == "nocheck" else "1"
+        os.environ["RINGREDUCE_CALL_CHECK_COMMS"] = "world" if variant == "world" else "stages"
         slice_bytes = parse_size(variant) if variant[:1].isdigit() else None
         graphs = 8 if variant == "graphs" else None
         comms[way] = ringreduce.Communicator(machines=machines, slice_bytes=slice_bytes,
                                              graphs=graphs)
         described = comms[way].describe()
         assert described.endswith(f"issuer={issuer}"), described
-    for name in ("WAVE_GROUPS", "PAIR_COMMS", "CHECK_CALL_END"):
+    for name in ("WAVE_GROUPS", "PAIR_COMMS", "CHECK_CALL_END", "CALL_CHECK_COMMS"):
         del os.environ[f"RINGREDUCE_{name}"]
     return comms
 

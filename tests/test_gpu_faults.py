@@ -258,7 +258,8 @@ before (the default check); both kinds made by every rank before, then swapped o
 rank 1 (the store checks pass both: the end-of-call check, or the deadline)."""
 
 
-def _mismatch_worker(rank: int, world: int, what: str, check: str) -> None:
+def _mismatch_worker(rank: int, world: int, what: str, check: str,
+                     machines: int = SMALL[0]) -> None:
     dev = _device()
     comm = _healthy(dev)
     wrong_kind = MISMATCHES[what]
@@ -296,7 +297,7 @@ def _mismatch_worker(rank: int, world: int, what: str, check: str) -> None:
         assert any(why in str(info.value) for why in
                    ("RINGREDUCE_TIMEOUT", "NCCL", "ranks called different operations"))
         faults.meet("raised", world, DEADLINE + SLACK)
-        faults.carry_on(rank, range(world), SMALL[0], dev)
+        faults.carry_on(rank, range(world), machines, dev)
     _leave()
 
 
@@ -308,6 +309,15 @@ def _mismatch_worker(rank: int, world: int, what: str, check: str) -> None:
 def test_gpu_mismatched_call_becomes_an_error(what: str, check: str) -> None:
     run_test_ranks(_mismatch_worker, SMALL[0] * SMALL[1], what, check, backend="nccl",
                    env=_env_with_deadline(*SMALL, CHECKS[check]), timeout=240)
+
+
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_same_width_swap_is_named_at_every_topology(machines: int, devices: int) -> None:
+    """The end-of-call check's hops (inside the machine, then along the rail) reach
+    every rank: each names both calls, whichever rank swapped."""
+    run_test_ranks(_mismatch_worker, machines * devices, "width", "swap", machines,
+                   backend="nccl", env=_env_with_deadline(machines, devices, CHECKS["swap"]),
+                   timeout=240)
 
 
 def _store_gone_worker(rank: int, world: int, server_pid: int, fresh: str) -> None:

@@ -20,7 +20,7 @@ import torch
 
 from ringreduce import info
 from ringreduce.config import Config
-from ringreduce.execution import kernels, native, recording
+from ringreduce.execution import call_check, kernels, native, recording
 from ringreduce.execution.call_check import DeviceCallCheck
 from ringreduce.execution.kernels import Kernels
 from ringreduce.execution.pipeline import Buffers, run_waves
@@ -275,7 +275,8 @@ def _communicator_parts(rank: int, machines: int = 2,
 def _call_check(rank: int, machines: int, devices: int) -> DeviceCallCheck:
     """The communicator's end-of-call check (CPU memory: only traced, never run)."""
     int64 = torch.int64
-    return DeviceCallCheck(torch.zeros(2, dtype=int64), torch.zeros(2, dtype=int64),
+    return DeviceCallCheck(call_check.hops(devices, machines, "stages"),
+                           torch.zeros(2, dtype=int64), torch.zeros(2, dtype=int64),
                            torch.zeros(4, dtype=int64), REPORT)
 
 
@@ -315,19 +316,24 @@ def test_a_traced_call_is_the_plans_operations_and_independent_of_the_tensors_ad
     counts = rec.program().counts()
     assert plans[-1].k and plans[-1].tail == 3 and len(plans) > 2
     parts = len(plans) + 1  # every slice's body, and the padding slot on the last one
-    # one NCCL group per wave (rs co di ag of up to four slices), not one per stage
-    assert counts["group_start"] == counts["group_end"] == len(waves) == len(plans) + 4
+    # one NCCL group per wave (rs co di ag of up to four slices), not one per stage, and
+    # one for the end-of-call check's second hop (along the rail)
+    assert counts["group_start"] == counts["group_end"] == len(waves) + 1 == len(plans) + 5
     assert counts["reduce_scatter"] == counts["all_gather"] == counts["launch"] - 2 == parts
     assert counts["send"] == counts["recv"] == 2 * parts  # collect and diffuse, one peer
-    assert counts["all_reduce"] == 1  # the end-of-call check, inside the last group, and
-    # its two launches (put, verify) above: the last instructions but the flag's
+    # The end-of-call check: put (a launch) before the last wave's group, its first hop
+    # inside it after the stages' operations, the second in a group of its own, then
+    # verify (a launch), all before the flag says done.
+    assert counts["all_reduce"] == 2
     names = {code: name for name, code in _native.OPS.items()}
     order = [names[op] for op, *_ in struct.iter_unpack("<9q", bytes(rec.code))]
-    start, end = len(order) - order[::-1].index("group_start") - 1, order.index("all_reduce")
-    assert "launch" in order[start - 2:start], order[start - 4:]  # put, before the group
-    assert order[start:end] == ["group_start", "all_gather", "all_gather"], order[start:]
-    assert order[end + 1] == "group_end" and order[end + 2:].count("launch") == 1, order[end:]
-    assert order[-1] == "write_flag", order[end:]  # verified before the flag says done
+    hop = order.index("all_reduce")
+    start = hop - order[hop::-1].index("group_start")
+    assert "launch" in order[start - 2:start], order[start - 4:]
+    assert order[start:hop + 2] == ["group_start", "all_gather", "all_gather", "all_reduce",
+                                      "group_end"], order[start:]
+    tail = [n for n in order[hop + 2:] if n not in ("memcpy", "record_event")]
+    assert tail == ["group_start", "all_reduce", "group_end", "launch", "write_flag"], tail
     assert counts["memcpy"] == 2 and counts["write_flag"] == 1  # tail in and out
     assert counts["wait_event"] == sum(1 for s in steps for n in s.waits
                                        if not n.startswith("tail"))
@@ -368,6 +374,7 @@ def test_traces_with_the_real_kernel_arguments_validate(machines, devices, wire)
     parts = sum(1 for p in plans if p.k) + (plans[-1].tail > 0)
     per_part = 3 if wire is not None else 1  # narrow, add_wire, widen; else add
     assert counts["launch"] == per_part * parts + 2, counts  # and the end check's two
+    assert counts["all_reduce"] == (devices > 1) + (machines > 1), counts  # its hops
     peers = machines - 1
     assert counts["send"] == counts["recv"] == 2 * peers * parts
     assert counts.get("reduce_scatter", 0) == (parts if devices > 1 else 0)

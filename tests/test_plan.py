@@ -91,6 +91,12 @@ def test_config_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not Config(pair_comms=False).paired_comms  # then each stage has its own
     monkeypatch.setenv("RINGREDUCE_NCCL_BLOCKING", "0")
     assert not Config.from_env().nccl_blocking
+    assert Config().check_call_end and Config().call_check_comms == "stages"
+    monkeypatch.setenv("RINGREDUCE_CALL_CHECK_COMMS", "world")
+    assert Config.from_env().call_check_comms == "world"
+    with pytest.raises(ValueError, match=r"call_check_comms='rail' is not supported; use one "
+                                         r"of \('stages', 'world'\)"):
+        Config(call_check_comms="rail")
     monkeypatch.setenv("RINGREDUCE_NCCL_BLOCKING", "maybe")
     with pytest.raises(ValueError, match="RINGREDUCE_NCCL_BLOCKING='maybe' is not a boolean"):
         Config.from_env()

@@ -45,3 +45,14 @@ def test_bits_that_are_no_signature_are_said_to_be_so() -> None:
 def test_a_size_the_signature_cannot_hold_is_refused() -> None:
     with pytest.raises(ValueError, match="does not fit the call signature's 40 bits"):
         signature.encode(1 << 40, "float32", "sum")
+
+
+def test_the_hops_cover_every_rank_of_each_topology() -> None:
+    """Inside the machine, then along the rail: a rail's ranks hold every machine's
+    maximum after the second hop (one hop where the topology has one level)."""
+    from ringreduce.execution.call_check import hops
+
+    assert hops(2, 2, "stages") == ("all_gather", "diffuse")
+    assert hops(8, 1, "stages") == ("all_gather",)
+    assert hops(1, 4, "stages") == ("diffuse",)
+    assert hops(2, 2, "world") == hops(1, 4, "world") == ("world",)

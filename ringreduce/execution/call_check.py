@@ -1,12 +1,20 @@
-"""The end-of-call check (Config.check_call_end): its buffers and its three steps.
+"""The end-of-call check (Config.check_call_end): its buffers and its steps.
 
 ringreduce.safety.signature says what is compared and why. The step loop issues the
 steps in the wave that carries the last slice's last stage, on that stage's stream:
 
-  before the group  put     words = [s, ~s]
-  in the group      exchange  all-reduce (MAX) of words into got, over the world
-                            communicator (every rank, whatever the topology)
-  after the group   verify  got against s
+  before the group     put       words = [s, ~s]
+  in the group         exchange  got = MAX of words over the first hop's ranks
+  after it, one group  exchange  got = MAX of got over the next hop's ranks, if any
+  each
+  then                 verify    got against s
+
+The hops (``hops``) cover every rank. Over the stage communicators (the default):
+inside the machine on the all_gather communicator, then along the rail on the diffuse
+one (a rail's ranks then hold every machine's maximum, so every rank holds the
+world's); one of the two when there is one device per machine or one machine. Or one
+hop over the world communicator (Config.call_check_comms says what that costs). The
+CPU path uses its world gloo group.
 
 Everything the check touches lives on that one stream, so consecutive calls never
 race on the two buffers. On CUDA, ``verify`` is a kernel that writes a mismatch into
@@ -35,25 +43,26 @@ class DeviceCallCheck:
     """CUDA: the words on the device; a mismatch lands in pinned host memory as
     [state, largest, smallest, own] (native/check.cu)."""
 
-    def __init__(self, words: torch.Tensor, got: torch.Tensor, report: torch.Tensor,
-                 report_pointer: int) -> None:
-        self.words, self.got = words, got
+    def __init__(self, hops: tuple[str, ...], words: torch.Tensor, got: torch.Tensor,
+                 report: torch.Tensor, report_pointer: int) -> None:
+        self.hops, self.words, self.got = hops, words, got
         self._report = report  # kept alive: kernels write into it
         self._seen = report.numpy()  # reads the pinned words, no copy, no sync
         self._report_pointer = report_pointer
 
     @classmethod
-    def on(cls, device: torch.device) -> DeviceCallCheck:
+    def on(cls, device: torch.device, hops: tuple[str, ...]) -> DeviceCallCheck:
         report = torch.zeros(4, dtype=torch.int64, pin_memory=True)
-        return cls(torch.zeros(2, dtype=torch.int64, device=device),
+        return cls(hops, torch.zeros(2, dtype=torch.int64, device=device),
                    torch.zeros(2, dtype=torch.int64, device=device), report,
                    _device_pointer(report.data_ptr()))
 
     def put(self, ctx: CallContext, own: int, stream: int) -> None:
         ctx.kernels.put_signature(self.words, own, stream)
 
-    def exchange(self, ctx: CallContext, stream: int) -> None:
-        ctx.transport.exchange_signature(self.words, self.got, stream)
+    def exchange(self, ctx: CallContext, hop: int, stream: int) -> None:
+        ctx.transport.exchange_signature(self.hops[hop], self.got if hop else self.words,
+                                         self.got, stream)
 
     def verify(self, ctx: CallContext, own: int, stream: int) -> None:
         ctx.kernels.check_signature(self.got, own, self._report_pointer, stream)
@@ -66,6 +75,15 @@ class DeviceCallCheck:
         largest, smallest, own = (int(v) for v in self._seen[1:])
         return signature.disagreement(largest, smallest, own) or \
             "the end-of-call check reported a mismatch it could not decode"
+
+
+def hops(devices: int, machines: int, comms: str) -> tuple[str, ...]:
+    """The communicators (by stage name, or "world") the check's all-reduce travels,
+    in order; ``comms``: Config.call_check_comms."""
+    if comms == "world":
+        return ("world",)
+    inside = ("all_gather",) if devices > 1 else ()
+    return inside + (("diffuse",) if machines > 1 else ())
 
 
 def _device_pointer(host: int) -> int:
@@ -86,6 +104,8 @@ def _device_pointer(host: int) -> int:
 class HostCallCheck:
     """CPU (gloo): the same exchange, compared on the host when it returns."""
 
+    hops = ("world",)
+
     def __init__(self) -> None:
         self.words = torch.zeros(2, dtype=torch.int64)
         self.got = torch.zeros(2, dtype=torch.int64)
@@ -93,8 +113,8 @@ class HostCallCheck:
     def put(self, ctx: CallContext, own: int, stream: None) -> None:
         self.words[0], self.words[1] = own, ~own
 
-    def exchange(self, ctx: CallContext, stream: None) -> None:
-        ctx.transport.exchange_signature(self.words, self.got, stream)
+    def exchange(self, ctx: CallContext, hop: int, stream: None) -> None:
+        ctx.transport.exchange_signature("world", self.words, self.got, stream)
 
     def verify(self, ctx: CallContext, own: int, stream: None) -> None:
         why = signature.disagreement(int(self.got[0]), ~int(self.got[1]), own)

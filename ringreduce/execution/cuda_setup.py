@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
-from ringreduce.execution import kernels, native, nccl
+from ringreduce.execution import call_check, kernels, native, nccl
 from ringreduce.execution.call_check import DeviceCallCheck
 from ringreduce.execution.graphs import GraphCache
 from ringreduce.execution.streams import CudaStreams
@@ -76,7 +76,8 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
     res.sync = CudaStreams(res.device, schedule.event_names(
         topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
     if config.check_call_end and res.kernels is not None:
-        res.call_check = DeviceCallCheck.on(res.device)
+        res.call_check = DeviceCallCheck.on(res.device, call_check.hops(
+            topo.devices_per_machine, topo.machines, config.call_check_comms))
     unique = distinct(comms)  # fixed from here on; the watchdog polls it, teardown walks it
     res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: async_error(unique),
                             on_failure=lambda exc: res.fail(exc, None),

@@ -188,7 +188,8 @@ def _issue_wave(todo: Sequence[tuple[Step, SliceIO]], stages: Sequence[str],
                 ctx.transport.prepare(step.stage, io.parts, ctx.sync.handle(step.stage))
     if end is not None:
         end.check.put(ctx, end.own, ctx.sync.handle(end.stage))
-        grouped.append("world")
+        if end.check.hops[0] not in grouped:
+            grouped.append(end.check.hops[0])
     with _wave_errors(ctx, grouped, todo, flat), ctx.transport.group(grouped):
         for step, io in todo:
             if step.stage != "add":
@@ -196,14 +197,25 @@ def _issue_wave(todo: Sequence[tuple[Step, SliceIO]], stages: Sequence[str],
                     _run_stage(step.stage, io.parts, op, ctx)
         if end is not None:
             with stage_errors(ctx, call_check.STAGE, flat):
-                end.check.exchange(ctx, ctx.sync.handle(end.stage))
+                end.check.exchange(ctx, 0, ctx.sync.handle(end.stage))
     for step, io in todo:
         with _on_step(ctx, step, io, flat):
             ctx.transport.finish(step.stage, io.parts, ctx.sync.handle(step.stage))
             if step.stage == stages[-1]:
                 io.copy_out(ctx.sync, step.stage)
     if end is not None:
-        end.check.verify(ctx, end.own, ctx.sync.handle(end.stage))
+        _finish_check(end, flat, ctx)
+
+
+def _finish_check(end: _EndCheck, flat: torch.Tensor, ctx: CallContext) -> None:
+    """The end-of-call check's further hops, a group each, then its verdict; all on
+    the stream of the stage that closed the call."""
+    stream = ctx.sync.handle(end.stage)
+    for hop in range(1, len(end.check.hops)):
+        with stage_errors(ctx, call_check.STAGE, flat), \
+                ctx.transport.group([end.check.hops[hop]]):
+            end.check.exchange(ctx, hop, stream)
+    end.check.verify(ctx, end.own, stream)
 
 
 @contextlib.contextmanager

@@ -177,10 +177,11 @@ class NcclTransport:
         with self.group(["world"]):
             self.calls.all_reduce(self.comms["world"], t, op, stream)
 
-    def exchange_signature(self, words: torch.Tensor, got: torch.Tensor, stream: int) -> None:
-        """got = elementwise MAX of every rank's ``words`` (the end-of-call check), inside
-        the group the step loop has open."""
-        self.calls.all_reduce_into(self.comms["world"], words, got, "max", stream)
+    def exchange_signature(self, comm: str, words: torch.Tensor, got: torch.Tensor,
+                           stream: int) -> None:
+        """got = elementwise MAX of ``words`` over ``comm``'s ranks (the end-of-call
+        check), inside the group the step loop has open."""
+        self.calls.all_reduce_into(self.comms[comm], words, got, "max", stream)
 
     def reduce_scatter_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor, op: str,
                             stream: int) -> None:
@@ -248,13 +249,14 @@ class GlooTransport:
         opts.reduceOp = _gloo_op(op)
         self.groups["world"].allreduce([t], opts).wait()
 
-    def exchange_signature(self, words: torch.Tensor, got: torch.Tensor,
+    def exchange_signature(self, comm: str, words: torch.Tensor, got: torch.Tensor,
                            stream: None = None) -> None:
-        """got = elementwise MAX of every rank's ``words`` (the end-of-call check)."""
+        """got = elementwise MAX of ``words`` over ``comm``'s ranks (the end-of-call
+        check; the CPU check uses "world")."""
         got.copy_(words)
         opts = c10d.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
-        self.groups["world"].allreduce([got], opts).wait()
+        self.groups[_GROUP_OF[comm]].allreduce([got], opts).wait()
 
     def reduce_scatter_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor, op: str,
                             stream: None = None) -> None:

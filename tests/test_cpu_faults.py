@@ -4,8 +4,9 @@ success, and the process can go on with a new Communicator afterwards.
 
 Faults: a peer killed mid-operation, one that never calls, one stopped (SIGSTOP), the
 rail link cut mid-call (tests/netns.py), a peer calling with another size or dtype
-(named by the new-call check, or with RINGREDUCE_DEBUG=1 by the per-call check), the
-store taken away after setup. Each survivor prints
+(named by the new-call check, or with RINGREDUCE_DEBUG=1 by the per-call check; two
+calls of the same bytes swapped, named by the end-of-call check), the store taken away
+after setup. Each survivor prints
 one ``[fault ...]`` line (run with ``-s``): the README's fault table comes from those.
 """
 

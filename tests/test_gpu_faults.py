@@ -4,11 +4,14 @@ or a wrong result reported as success, and the survivors go on with a new Commun
 
 At every topology of RINGREDUCE_GPU_TOPOLOGIES (test_gpu.py; virtual machines by
 NCCL_HOSTID, ranks sharing GPUs under MPS): the last rank killed mid-operation, alive
-but never calling, absent when the first call connects. At one topology (SMALL): a rank
+but never calling, absent when the first call connects, and two kinds of call of the
+same bytes every rank made before, swapped (the end-of-call check names both on every
+rank). At one topology (SMALL): a rank
 stopped (SIGSTOP), the rail link cut mid-call (tests/netns.py: a network namespace per
 virtual machine, NCCL_SOCKET_IFNAME on the cable; needs root and ``ip``, or .iproute/),
 a mismatched call (a new kind of call, checked by default; with RINGREDUCE_DEBUG=1
-every call; two kinds every rank made before, swapped: only the deadline can tell), the
+every call; two kinds every rank made before, swapped: the deadline, or the end-of-call
+check when every rank reaches the end), the
 store gone after setup. The pipeline faults run with the new-call check off: their calls
 stand for a training step's, which every rank made before and the check skips. Each
 survivor prints one ``[fault ...]`` line (``-s``).

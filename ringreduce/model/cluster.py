@@ -21,9 +21,11 @@ NCCL_NET_LAT_US = 14.0
 #: under MPS, of which a wave group's ncclGroupEnd is 32 us and a call has slices + 4 of
 #: them (benchmarks/results/2026-11-25-h100-engine-v2/README.md, run 12). Per slice: a
 #: group, the add launch (6 us), events and enqueues (~10 us) = 48 us; per call: four
-#: groups, the flag and the Python around the call (106 us) = 240 us. The Python issuer
+#: groups, the flag and the Python around the call (106 us) = 240 us; the end-of-call
+#: check (on by default since) adds a group and two kernel launches: +43 us back to back
+#: (benchmarks/results/2026-11-25-h100-call-check, run 17), so 280 us. The Python issuer
 #: of 2026-11-23 cost "about 500 us per call plus 100 us per slice" (h200-t6).
-MEASURED_HOST_CALL_US = 240.0
+MEASURED_HOST_CALL_US = 280.0
 MEASURED_HOST_SLICE_US = 48.0
 
 #: Host cost per peer per slice: collect and diffuse each post one send and one receive

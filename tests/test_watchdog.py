@@ -353,6 +353,47 @@ def _fake(monkeypatch: pytest.MonkeyPatch, *states: int) -> None:
     monkeypatch.setattr(library, "raw", _FakeRaw(*states))
 
 
+class _OneAtATime(_FakeRaw):
+    """Records how many threads are inside ncclCommGetAsyncError at once: NCCL's is not
+    safe to call concurrently on a non-blocking communicator (lifecycle.py)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.inside = self.most = 0
+        self.guard = threading.Lock()
+
+    def comm_get_async_error(self, handle: Any) -> int:
+        with self.guard:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        time.sleep(1e-4)  # as the real call, the GIL is free while inside
+        with self.guard:
+            self.inside -= 1
+        return 0
+
+
+def test_polls_of_nccl_async_errors_never_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog's async_error and the issuing thread's wait_ready on the same
+    communicator, concurrently: one thread inside NCCL's poll at a time."""
+    raw = _OneAtATime()
+    monkeypatch.setattr(library, "core", object())
+    monkeypatch.setattr(library, "raw", raw)
+    comm = _Comm()
+
+    def watchdog() -> None:
+        for _ in range(300):
+            assert nccl.async_error(comm) is None
+
+    threads = [threading.Thread(target=watchdog) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for _ in range(300):
+        nccl.wait_ready(comm, time.monotonic() + 5, "group")
+    for t in threads:
+        t.join()
+    assert raw.most == 1, f"{raw.most} threads polled NCCL at once"
+
+
 def test_async_error_ignores_success_and_in_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake(monkeypatch, 0)
     assert nccl.async_error(_Comm()) is None

@@ -56,8 +56,17 @@ from ringreduce.execution.nccl.library import IN_PROGRESS, SUCCESS, Comm, descri
 #    traffic are split off blocking (comm_config), from a non-blocking root: init and
 #    split stay bounded by the deadline, and the watchdog bounds the one blocking wait
 #    left, connection setup inside a call (Config.nccl_blocking).
-#  * ncclCommGetAsyncError reads atomics, so another thread may poll it while this one
-#    issues work (torch's ProcessGroupNCCL watchdog does). ncclCommAbort is local and may
+#  * ncclCommGetAsyncError is *not* safe to call from two threads at once on a
+#    non-blocking communicator: once the state is ncclSuccess it completes the group job
+#    linked to the communicator and clears the link (src/init.cc ncclCommGetAsyncError,
+#    reading comm->groupJob without a lock), and ncclGroupJobComplete deletes the job when
+#    its reference count, one per communicator, reaches zero (src/group.cc). Two threads
+#    that both see the link complete it twice: a use after free. That was issue 15's
+#    crash: the issuing thread polling a group (wait_ready) while the watchdog polled
+#    the same communicator (async_error) segfaulted one rank in a few runs of 4 x 2
+#    non-blocking (benchmarks/results/2026-11-25-h100-call-check, run 20). So every poll
+#    in the process goes through _POLL_LOCK. Otherwise the call reads atomics, and
+#    blocking communicators never link a group job. ncclCommAbort is local and may
 #    be called at any point on non-blocking communicators, but only while no other thread
 #    is inside an NCCL call (user guide, Fault Tolerance). nccl4py's abort() then sets
 #    comm._comm to NULL; later raw calls fail on the NULL handle.
@@ -92,14 +101,23 @@ def comm_config(channels_per_net_peer: int | None = None, blocking: bool = False
                                    n_channels_per_net_peer=channels_per_net_peer)
 
 
+_POLL_LOCK = threading.Lock()
+"""Serialises ncclCommGetAsyncError across the process's threads (see above)."""
+
+
 # ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
+def _poll(comm: Comm) -> int:
+    with _POLL_LOCK:
+        return int(library.raw.comm_get_async_error(comm._comm))
+
+
 def async_error(comm: Comm) -> str | None:
     """None while ``comm`` is healthy (ncclSuccess) or still working (ncclInProgress),
     else what went wrong. Callable from the watchdog thread (see above)."""
     library.require()
     if not comm._comm:
         return "the communicator was aborted or destroyed"
-    code = int(library.raw.comm_get_async_error(comm._comm))
+    code = _poll(comm)
     return None if code in (SUCCESS, IN_PROGRESS) else describe_result(code, comm)
 
 
@@ -110,7 +128,7 @@ def wait_ready(comm: Comm, deadline: float, what: str) -> None:
     pause = _FIRST_PAUSE_S
     spin_until = time.monotonic() + _SPIN_S
     while True:
-        code = int(library.raw.comm_get_async_error(comm._comm))
+        code = _poll(comm)
         if code == SUCCESS:
             return
         if code != IN_PROGRESS:

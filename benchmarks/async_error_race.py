@@ -7,12 +7,14 @@ non-blocking communicator while it carries traffic.
 NCCL's ncclCommGetAsyncError completes the group job a non-blocking ncclGroupEnd links
 to the communicator, and frees it, without a lock (src/init.cc, src/group.cc), so two
 threads that poll at once can free it twice. ringreduce serialises its polls
-(execution/nccl/lifecycle.py). Each rank makes hierarchical all-reduces on
+(execution/nccl/lifecycle.py) and polls non-blocking communicators only between issues
+(cuda_setup.async_error_between_issues): ncclGroupEnd and the collectives touch the same
+group job. Each rank makes hierarchical all-reduces on
 non-blocking communicators with a group per stage (the most groups a call can have),
 ``--calls`` of them (a count, not a time: every rank must make the same calls), while a
 second thread polls every one of the Communicator's NCCL
-communicators in a tight loop: through ringreduce's lock, or with ``--unlocked``
-straight into NCCL as the watchdog did before the fix. Every rank prints one line:
+communicators in a tight loop: as the watchdog does now, or with ``--unlocked``
+straight into NCCL as it did before the fix. Every rank prints one line:
 how many calls, all exact, and how many polls; a crash shows as the rank's exit.
 """
 
@@ -31,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ringreduce
 from ringreduce.benchmark.launch import Launch, run_ranks
-from ringreduce.execution import nccl
-from ringreduce.execution.cuda_setup import distinct
+from ringreduce.execution.cuda_setup import async_error_between_issues, distinct
 from ringreduce.execution.nccl import library
 
 
@@ -40,17 +41,17 @@ def rank_body(launch: Launch, device: torch.device, calls: int, unlocked: bool,
               machines: int | None) -> None:
     os.environ.update(RINGREDUCE_NCCL_BLOCKING="0", RINGREDUCE_WAVE_GROUPS="0")
     comm = ringreduce.Communicator(machines=machines, min_bytes=0, slice_bytes=1 << 20)
-    comms = list(distinct(comm._res.comms).values())
+    comms = distinct(comm._res.comms)
     stop, polls = threading.Event(), [0]
 
     def poll() -> None:  # what the watchdog does, without its 100 ms pauses
         while not stop.is_set():
-            for c in comms:
-                if unlocked:
+            if unlocked:
+                for c in comms.values():
                     library.raw.comm_get_async_error(c._comm)
-                else:
-                    nccl.async_error(c)
-                polls[0] += 1
+            else:
+                async_error_between_issues(comm._res.issue_lock, comms)
+            polls[0] += 1
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()

@@ -79,7 +79,9 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
         res.call_check = DeviceCallCheck.on(res.device, call_check.hops(
             topo.devices_per_machine, topo.machines, config.call_check_comms))
     unique = distinct(comms)  # fixed from here on; the watchdog polls it, teardown walks it
-    res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: async_error(unique),
+    poll = (lambda: async_error(unique)) if blocking else \
+        (lambda: async_error_between_issues(res.issue_lock, unique))
+    res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=poll,
                             on_failure=lambda exc: res.fail(exc, None),
                             stuck_issue=res.stuck_issue,
                             call_check=res.call_check and res.call_check.mismatch,
@@ -194,6 +196,22 @@ def abort_together(comms: dict[str, Any], device: torch.device) -> None:
         log.error("ringreduce: ncclCommAbort of the %s communicator(s) did not return within "
                   "%.0f s; reporting the failure anyway (the process may need to exit)",
                   ", ".join(stuck), _ABORT_WAIT_S)
+
+
+def async_error_between_issues(issue_lock: Any, comms: dict[str, Any]) -> str | None:
+    """async_error for non-blocking communicators: only while no thread issues NCCL work
+    (``issue_lock`` free), else None at once. NCCL links a non-blocking group's job to
+    its communicators in ncclGroupEnd and completes and frees it from whichever thread
+    next polls or enqueues on them, without a lock (nccl/lifecycle.py): the watchdog
+    polling beside the issuing thread freed a job twice (issue 15 item 6). A call being
+    issued polls its own groups (wait_ready), which raises NCCL's errors, and a call
+    stuck in issue meets the watchdog's deadline."""
+    if not issue_lock.acquire(blocking=False):
+        return None
+    try:
+        return async_error(comms)
+    finally:
+        issue_lock.release()
 
 
 def async_error(comms: dict[str, Any]) -> str | None:

@@ -64,9 +64,12 @@ from ringreduce.execution.nccl.library import IN_PROGRESS, SUCCESS, Comm, descri
 #    that both see the link complete it twice: a use after free. That was issue 15's
 #    crash: the issuing thread polling a group (wait_ready) while the watchdog polled
 #    the same communicator (async_error) segfaulted one rank in a few runs of 4 x 2
-#    non-blocking (benchmarks/results/2026-11-25-h100-call-check, run 20). So every poll
-#    in the process goes through _POLL_LOCK. Otherwise the call reads atomics, and
-#    blocking communicators never link a group job. ncclCommAbort is local and may
+#    non-blocking (benchmarks/results/2026-11-25-h100-call-check, runs 20-22). ncclGroupEnd
+#    links the job and the collectives' ncclCommEnsureReady completes it too, so polls
+#    must not overlap any NCCL call on the communicator: every poll in the process goes
+#    through _POLL_LOCK, and the watchdog polls non-blocking communicators only between
+#    issues (cuda_setup.async_error_between_issues). Otherwise the call reads atomics,
+#    and blocking communicators never link a group job. ncclCommAbort is local and may
 #    be called at any point on non-blocking communicators, but only while no other thread
 #    is inside an NCCL call (user guide, Fault Tolerance). nccl4py's abort() then sets
 #    comm._comm to NULL; later raw calls fail on the NULL handle.

@@ -15,6 +15,11 @@ class RingReduceError(RuntimeError):
     """The stage it names, once stage_error built it (an outer handler keeps it)."""
 
 
+CALL_CHECK = "call check"
+"""The stage named by failures of the checks that ranks make the same calls (the store
+checks of safety/guard.py, the end-of-call check of execution/call_check.py)."""
+
+
 def stage_error(stage: str, rank: int | None, where: str, peers: object,
                 cause: object) -> RingReduceError:
     """The one shape of a stage failure: "ringreduce stage '<stage>' failed on rank <r>

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ringreduce.errors import RingReduceError, stage_error
+from ringreduce.errors import CALL_CHECK, RingReduceError, stage_error
 from ringreduce.safety import signature
 
 if TYPE_CHECKING:
     from ringreduce.execution.context import CallContext
 
-STAGE = "call check"
+STAGE = CALL_CHECK
 """What errors of the check name as their stage (as the Guard's store checks do)."""
 
 
@@ -114,7 +114,7 @@ class HostCallCheck:
         self.words[0], self.words[1] = own, ~own
 
     def exchange(self, ctx: CallContext, hop: int, stream: None) -> None:
-        ctx.transport.exchange_signature("world", self.words, self.got, stream)
+        ctx.transport.exchange_signature(self.hops[hop], self.words, self.got, stream)
 
     def verify(self, ctx: CallContext, own: int, stream: None) -> None:
         why = signature.disagreement(int(self.got[0]), ~int(self.got[1]), own)

@@ -169,7 +169,6 @@ class Kernels:
                      (np.uint64(pointers[0].data_ptr()), np.uint64(pointers[1].data_ptr()),
                       np.int64(k), np.int32(nrows), np.int32(skip)), stream)
 
-
     def put_signature(self, words: torch.Tensor, signature: int, stream: int) -> None:
         """``words[:] = [signature, ~signature]`` (int64, 2), on ``stream``."""
         self._launch("check.cu", "rr_put_signature", 1, 1, 8,

@@ -245,18 +245,19 @@ class GlooTransport:
                 widen_diffused(p, self.topo, self.others)
 
     def flat_all_reduce(self, t: torch.Tensor, op: str, stream: None = None) -> None:
-        opts = c10d.AllreduceOptions()
-        opts.reduceOp = _gloo_op(op)
-        self.groups["world"].allreduce([t], opts).wait()
+        self._all_reduce("world", t, _gloo_op(op))
 
     def exchange_signature(self, comm: str, words: torch.Tensor, got: torch.Tensor,
                            stream: None = None) -> None:
         """got = elementwise MAX of ``words`` over ``comm``'s ranks (the end-of-call
         check; the CPU check uses "world")."""
         got.copy_(words)
+        self._all_reduce(comm, got, dist.ReduceOp.MAX)
+
+    def _all_reduce(self, comm: str, t: torch.Tensor, op: dist.ReduceOp.RedOpType) -> None:
         opts = c10d.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX
-        self.groups[_GROUP_OF[comm]].allreduce([got], opts).wait()
+        opts.reduceOp = op
+        self.groups[_GROUP_OF[comm]].allreduce([t], opts).wait()
 
     def reduce_scatter_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor, op: str,
                             stream: None = None) -> None:

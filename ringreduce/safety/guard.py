@@ -23,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ringreduce.errors import RingReduceError, stage_error
+from ringreduce.errors import CALL_CHECK, RingReduceError, stage_error
 from ringreduce.safety.flight import FlightRecorder, Record
 
 SEEN_LIMIT = 4096
@@ -89,7 +89,7 @@ class Guard:
             calls = [self.store.get(key).decode() for key in keys]
         except Exception as exc:
             raise stage_error(
-                "call check", self.rank, f"operation #{op_number} ({why} check of {mine})",
+                CALL_CHECK, self.rank, f"operation #{op_number} ({why} check of {mine})",
                 range(self.world_size),
                 f"not every rank reached it within {self.timeout.total_seconds():.0f} s, or "
                 f"the store failed: {exc}{_DIVERGED if why != 'RINGREDUCE_DEBUG' else ''}"

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from ringreduce.errors import RingReduceError, stage_error
+from ringreduce.errors import CALL_CHECK, RingReduceError, stage_error
 
 log = logging.getLogger("ringreduce")
 
@@ -257,7 +257,7 @@ class Watchdog:
         first, last = ops[0], ops[-1]
         where = (f"operation #{first.op_number} ({first.what})" if first is last else
                  f"one of operations #{first.op_number}..#{last.op_number}")
-        return stage_error("call check", self.rank, where, self._everyone, cause)
+        return stage_error(CALL_CHECK, self.rank, where, self._everyone, cause)
 
     def _error(self, op: _Op, cause: str) -> RingReduceError:
         stage, peers = "-", ()

@@ -316,9 +316,10 @@ def test_a_traced_call_is_the_plans_operations_and_independent_of_the_tensors_ad
     counts = rec.program().counts()
     assert plans[-1].k and plans[-1].tail == 3 and len(plans) > 2
     parts = len(plans) + 1  # every slice's body, and the padding slot on the last one
-    # one NCCL group per wave (rs co di ag of up to four slices), not one per stage, and
+    # one NCCL group per wave (rs co di ag of up to four slices; the add follows its
+    # collect's group in the same wave), not one per stage, and
     # one for the end-of-call check's second hop (along the rail)
-    assert counts["group_start"] == counts["group_end"] == len(waves) + 1 == len(plans) + 5
+    assert counts["group_start"] == counts["group_end"] == len(waves) + 1 == len(plans) + 4
     assert counts["reduce_scatter"] == counts["all_gather"] == counts["launch"] - 2 == parts
     assert counts["send"] == counts["recv"] == 2 * parts  # collect and diffuse, one peer
     # The end-of-call check: put (a launch) before the last wave's group, its first hop

@@ -209,17 +209,25 @@ def test_sizes_parse_as_the_command_lines_write_them() -> None:
 
 
 def _seen(order: list[list[schedule.Step]]) -> dict[tuple[int, str, str], tuple[int, str] | None]:
-    """For each (slice, stage, event) wait: which step's record it sees, when each group
-    enqueues all its waits, then all its records (how the step loop issues a wave)."""
+    """For each (slice, stage, event) wait: which step's record it sees, when each wave
+    enqueues its grouped steps' waits, then their records, then each add step's waits
+    and records in turn (how run_waves issues a wave)."""
     latest: dict[str, tuple[int, str]] = {}
     seen: dict[tuple[int, str, str], tuple[int, str] | None] = {}
-    for group in order:
-        for s in group:
+
+    def issue(phase: list[schedule.Step]) -> None:
+        for s in phase:
             for w in s.waits:
                 seen[(s.slice_index, s.stage, w)] = latest.get(w)
-        for s in group:
+        for s in phase:
             for r in s.records:
                 latest[r] = (s.slice_index, s.stage)
+
+    for wave in order:
+        issue([s for s in wave if s.stage != schedule.AFTER_GROUP])
+        for s in wave:
+            if s.stage == schedule.AFTER_GROUP:
+                issue([s])
     return seen
 
 
@@ -236,6 +244,12 @@ def test_waves_see_the_records_that_slice_major_order_sees(devices: int, slots: 
     for stage in schedule.active_stages(devices):  # a stream's steps keep slice order
         on = [s.slice_index for w in waves for s in w if s.stage == stage]
         assert on == sorted(on) and len(set(on)) == len(on)
-    if slots >= 4:  # the pipeline's full width: one wave per slice, plus its depth
-        assert len(waves) == 9 + len(schedule.active_stages(devices)) - 1
+    if slots >= 4:  # the pipeline's full width: one wave per slice, plus its depth, the
+        # add going out with its collect's wave
+        assert len(waves) == 9 + len(schedule.active_stages(devices)) - 2
+    for wave in waves:  # every wave has an NCCL group, and the add follows its collect
+        assert any(s.stage != schedule.AFTER_GROUP for s in wave)
+        for s in wave:
+            if s.stage == schedule.AFTER_GROUP:
+                assert (s.slice_index, "collect") in [(x.slice_index, x.stage) for x in wave]
     assert schedule.waves(steps, grouped=False) == tuple((s,) for s in steps)

@@ -126,20 +126,27 @@ def run_waves(waves: Sequence[Wave], flat: torch.Tensor, plans: Sequence[SlicePl
     """Unpipelined meaning, per slice s:
         view = s.as(D, M, k); rs(view); collect(view); add(view); diffuse(view); ag(view)
     ``ctx`` carries topology, transport, sync (streams) and buffers. Each wave enqueues
-    its steps' waits, then their operations (the NCCL ones as one group), then their
-    records (schedule.waves says why that order)."""
+    its NCCL steps' waits, their operations as one group, their records, and then its
+    add steps, each with its waits and records (schedule.waves says why that order)."""
     stages = schedule.active_stages(ctx.topo.devices_per_machine)
     end = _EndCheck(ctx, flat, op, stages[-1], len(plans) - 1) if ctx.check else None
     ios: dict[int, SliceIO] = {}
     for wave in waves:
         todo = [(step, _io(ios, step, flat, plans, ctx)) for step in wave]
-        for step, _ in todo:
+        grouped = [(step, io) for step, io in todo if step.stage != schedule.AFTER_GROUP]
+        for step, _ in grouped:
             ctx.sync.wait(step.stage, step.waits)
             stamp(ctx.record, step.stage, step.slice_index, "start")
-        closing = end if end is not None and any(end.closes(step) for step, _ in todo) else None
-        _issue_wave(todo, stages, flat, op, ctx, closing)
-        for step, _ in todo:
-            if step.stage == stages[-1]:
+        if grouped:
+            closing = end if end is not None and any(end.closes(s) for s, _ in grouped) else None
+            _issue_wave(grouped, stages, flat, op, ctx, closing)
+        for step, io in todo:
+            if step.stage == schedule.AFTER_GROUP:
+                ctx.sync.wait(step.stage, step.waits)
+                stamp(ctx.record, step.stage, step.slice_index, "start")
+                with _on_step(ctx, step, io, flat):
+                    _run_stage(step.stage, io.parts, op, ctx)
+            elif step.stage == stages[-1]:
                 del ios[step.slice_index]
             ctx.sync.record(step.stage, step.records)
             stamp(ctx.record, step.stage, step.slice_index, "end")
@@ -170,31 +177,27 @@ class _EndCheck:
 def _issue_wave(todo: Sequence[tuple[Step, SliceIO]], stages: Sequence[str],
                 flat: torch.Tensor, op: str, ctx: CallContext,
                 end: _EndCheck | None = None) -> None:
-    """The wave's operations in three phases: what precedes the NCCL kernels on their
-    streams (tail copies in, wire narrowing) and the add kernels; the NCCL operations of
-    every other stage as one group (nothing but NCCL inside it: a group defers NCCL's
-    launches to its end, not CUDA's); what must follow them (wire widening, tail copies
-    back). ``end``: this wave closes the call, and carries its end-of-call check (in
-    the group after the stages' operations, over every rank). A failure names its
-    step, or every stage of the group."""
-    grouped = [step.stage for step, _ in todo if step.stage != "add"]
+    """The wave's NCCL steps in three phases: what precedes the NCCL kernels on their
+    streams (tail copies in, wire narrowing); their NCCL operations as one group
+    (nothing but NCCL inside it: a group defers NCCL's launches to its end, not
+    CUDA's); what must follow them (wire widening, tail copies back). ``end``: this
+    wave closes the call, and carries its end-of-call check (in the group after the
+    stages' operations, over every rank). A failure names its step, or every stage of
+    the group."""
+    grouped = [step.stage for step, _ in todo]
     for step, io in todo:
         with _on_step(ctx, step, io, flat):
             if step.stage == stages[0]:
                 io.copy_in(ctx.sync, step.stage)
-            if step.stage == "add":
-                _run_stage(step.stage, io.parts, op, ctx)
-            else:
-                ctx.transport.prepare(step.stage, io.parts, ctx.sync.handle(step.stage))
+            ctx.transport.prepare(step.stage, io.parts, ctx.sync.handle(step.stage))
     if end is not None:
         end.check.put(ctx, end.own, ctx.sync.handle(end.stage))
         if end.check.hops[0] not in grouped:
             grouped.append(end.check.hops[0])
     with _wave_errors(ctx, grouped, todo, flat), ctx.transport.group(grouped):
         for step, io in todo:
-            if step.stage != "add":
-                with stage_errors(ctx, step.stage, flat, str(step.slice_index)):
-                    _run_stage(step.stage, io.parts, op, ctx)
+            with stage_errors(ctx, step.stage, flat, str(step.slice_index)):
+                _run_stage(step.stage, io.parts, op, ctx)
         if end is not None:
             with stage_errors(ctx, call_check.STAGE, flat):
                 end.check.exchange(ctx, 0, ctx.sync.handle(end.stage))
@@ -241,7 +244,7 @@ def _wave_errors(ctx: CallContext, grouped: Sequence[str],
         if not grouped:
             raise
         peers = sorted({p for stage in grouped for p in ctx.topo.peers(stage)})
-        slices = ",".join(str(step.slice_index) for step, _ in todo if step.stage != "add")
+        slices = ",".join(str(step.slice_index) for step, _ in todo)
         with _errors(ctx, "+".join(grouped), slices, peers, t):
             raise
 

@@ -120,7 +120,8 @@ class Completion:
         where = "idle" if c["at_op"] == "-" else \
             f"inside {c['at_op']} (instruction {c['at_instruction']} of job {c['at_job']})"
         return (f"native issuer: this call is job {self.seq}; submitted {c['submitted']}, "
-                f"issued {c['issued']}, finished on the device {c['flag']}; worker {where}")
+                f"issued {c['issued']}, finished on the device {c['flag']}; worker {where}; "
+                f"{self.issuer.streams_busy()}")
 
 
 class NativeIssuer:
@@ -159,6 +160,14 @@ class NativeIssuer:
         self._programs: dict[tuple[Any, ...], tuple[Any, Cursor]] = {}
         self._warm: set[tuple[Any, ...]] = set()
         """Kinds of call (size, dtype, op, alignment) the Python issuer ran once."""
+
+    def streams_busy(self) -> str:
+        """Which of the communicator's streams still have work queued (cudaStreamQuery,
+        host side, nothing waits): for a deadline error, where on the device a call is
+        stuck, e.g. the rail streams of two ranks busy on different jobs."""
+        streams = dict(self.res.sync.streams) | {"done": self.done}
+        busy = [name for name, stream in streams.items() if not stream.query()]
+        return f"streams busy: {', '.join(busy) or 'none'}"
 
     def warm(self, t: torch.Tensor, op: str) -> bool:
         """Whether this call may be issued natively: not the first of its kind (size,

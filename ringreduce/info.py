@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import sys
 
@@ -38,7 +39,8 @@ def _nccl() -> str:
     except Exception as exc:  # a broken CUDA install is what this tool should report
         return f"nccl4py {_version('nccl4py')}, NCCL not loadable: {exc}"
     return (f"nccl4py {_version('nccl4py')}, NCCL {code // 10000}.{code // 100 % 100}."
-            f"{code % 100} ({native.loaded_library('libnccl.so') or '?'})")
+            f"{code % 100} ({native.loaded_library('libnccl.so') or '?'}); implicit launch "
+            f"order {nccl.launch_order(code, os.environ)}")
 
 
 def _cupy() -> str:

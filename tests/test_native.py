@@ -216,6 +216,21 @@ def test_the_issuer_setting_is_validated_and_reported() -> None:
             "\n".join(info.lines(Config(issuer="native")))
 
 
+def test_info_says_whether_nccl_starts_kernels_in_issue_order() -> None:
+    """launch_order_implicit is in ncclConfig_t from NCCL 2.31; 2.26-2.30 read only the
+    process-wide variable (torch's 2.28 ignored the config field in every device run)."""
+    from ringreduce.execution.nccl import launch_order
+
+    assert launch_order(23100, {}) == "on (per communicator, ncclConfig_t)"
+    assert launch_order(22809, {}).startswith("off: NCCL 2.28.9 has no per-communicator")
+    assert "NCCL_LAUNCH_ORDER_IMPLICIT=1 turns it on" in launch_order(23007, {})
+    assert launch_order(22809, {"NCCL_LAUNCH_ORDER_IMPLICIT": "1"}).startswith("on (NCCL_")
+    assert launch_order(23100, {"NCCL_LAUNCH_ORDER_IMPLICIT": "0"}) == \
+        "off (NCCL_LAUNCH_ORDER_IMPLICIT=0)"
+    assert launch_order(22500, {"NCCL_LAUNCH_ORDER_IMPLICIT": "1"}).startswith(
+        "off: NCCL 2.25.0 has none")
+
+
 class _Function:
     """A kernel handle as cupy gives one (RawKernel.kernel.ptr)."""
 

@@ -39,6 +39,7 @@ from ringreduce.execution.nccl.lifecycle import (
     comm_config,
     finalize_and_destroy,
     init_nonblocking,
+    launch_order,
     split,
     wait_ready,
 )
@@ -46,6 +47,6 @@ from ringreduce.execution.nccl.lifecycle import (
 __all__ = [
     "Comm", "abort", "all_gather", "all_reduce", "all_reduce_into", "async_error", "comm_config",
     "describe_result", "dtype_code", "finalize_and_destroy", "group_ready",
-    "init_nonblocking", "new_unique_id", "op_code", "recv", "reduce_scatter", "send",
-    "split", "version", "wait_ready",
+    "init_nonblocking", "launch_order", "new_unique_id", "op_code", "recv", "reduce_scatter",
+    "send", "split", "version", "wait_ready",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ringreduce.errors import RingReduceError
@@ -93,15 +93,43 @@ def comm_config(channels_per_net_peer: int | None = None, blocking: bool = False
       blocking               False: no NCCL call waits for peers (init, split, and the
                              root); True: calls return once their kernels are enqueued,
                              without a helper thread per group (traffic, see above);
-      launch_order_implicit  (NCCL >= 2.26) kernels of ringreduce's communicators start
-                             on a GPU in host issue order. Stages use four communicators
-                             on five streams; without it two GPUs could start them in
-                             different orders and wait on each other forever;
+      launch_order_implicit  kernels of ringreduce's communicators start on a GPU in
+                             host issue order (launch_order says when NCCL does it).
+                             Stages use several communicators on five streams; a GPU
+                             that cannot hold all their kernels at once could start
+                             them in different orders on two ranks, each waiting on
+                             the other;
       n_channels_per_net_peer  how many channels (sockets) send/recv to one network
                              peer may use: the rail stages are send/recv."""
     library.require()
     return library.core.NCCLConfig(blocking=blocking, launch_order_implicit=True,
                                    n_channels_per_net_peer=channels_per_net_peer)
+
+
+_ORDER_CONFIG = 23100
+"""The first NCCL with launch_order_implicit in ncclConfig_t (nccl4py's NCCLConfig says
+2.31; 2.30's nccl.h has no such field, and an older NCCL ignores what it does not know)."""
+_ORDER_ENV = 22600
+"""The first NCCL that reads NCCL_LAUNCH_ORDER_IMPLICIT (src/enqueue.cc, v2.26.2)."""
+
+
+def launch_order(version: int, env: Mapping[str, str]) -> str:
+    """Whether NCCL starts ringreduce's kernels in host issue order (comm_config asks
+    it to), for ``ringreduce.info``: NCCL < 2.31 has no per-communicator setting, and
+    only the environment variable, for every communicator of the process, turns it on.
+    ``version`` is NCCL's code, e.g. 22809 for 2.28.9."""
+    name = f"NCCL {version // 10000}.{version // 100 % 100}.{version % 100}"
+    setting = env.get("NCCL_LAUNCH_ORDER_IMPLICIT", "")
+    if version >= _ORDER_ENV and setting:  # the variable takes precedence over the config
+        return ("on (NCCL_LAUNCH_ORDER_IMPLICIT: every communicator of the process)"
+                if setting != "0" else "off (NCCL_LAUNCH_ORDER_IMPLICIT=0)")
+    if version >= _ORDER_CONFIG:
+        return "on (per communicator, ncclConfig_t)"
+    if version >= _ORDER_ENV:
+        return (f"off: {name} has no per-communicator setting (2.31 adds it); "
+                "NCCL_LAUNCH_ORDER_IMPLICIT=1 turns it on for every communicator of the "
+                "process")
+    return f"off: {name} has none (2.26 adds NCCL_LAUNCH_ORDER_IMPLICIT)"
 
 
 _POLL_LOCK = threading.Lock()

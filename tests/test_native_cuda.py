@@ -98,6 +98,38 @@ def test_gpu_native_futures_order_the_callers_stream(machines: int, devices: int
                    env=_with_issuer(_env(machines, devices), "native"), timeout=HANG_S + 40)
 
 
+def _issue_order_worker(rank: int, world: int) -> None:
+    """Calls on one tensor with several in flight (async_op=True, nothing waited in
+    between) run in issue order, as NCCL's do on a process group's one stream: sum,
+    sum, max of small integers is world x the first sum, exactly. Small slices, so a
+    call's first stages could overtake the last stages of the call before it."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    n = 1_000_003
+    want = expected(world, n, torch.float32, dist.ReduceOp.SUM, dev) * world
+    ops = (dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX)
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=1 << 16) as comm, \
+            _diagnosed(comm, rank):
+        for round_ in range(4):  # the first round's calls are traced (native issuer)
+            t = rank_input(rank, n, torch.float32, dev)
+            futures = [comm.all_reduce(t, op=op, async_op=True) for op in ops]
+            for fut in futures:
+                fut.wait()
+            check_equal(t, want, f"round {round_}: sum, sum, max in flight on one tensor")
+        t = rank_input(rank, n, torch.float32, dev)
+        comm.all_reduce(t, async_op=True)
+        comm.all_reduce(t)  # synchronous, behind an asynchronous call on the same tensor
+        check_equal(t, want, "async sum, then sync sum on one tensor")
+        assert comm.wait_idle(60.0)
+
+
+@pytest.mark.parametrize("issuer", ["native", "python"])
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_calls_on_one_tensor_run_in_issue_order(machines: int, devices: int,
+                                                     issuer: str) -> None:
+    run_test_ranks(_issue_order_worker, machines * devices, backend="nccl",
+                   env=_with_issuer(_env(machines, devices), issuer), timeout=HANG_S + 40)
+
+
 def _killed_worker(rank: int, world: int) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     comm = _healthy(dev)

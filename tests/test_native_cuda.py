@@ -101,14 +101,14 @@ def test_gpu_native_futures_order_the_callers_stream(machines: int, devices: int
 def _issue_order_worker(rank: int, world: int) -> None:
     """Calls on one tensor with several in flight (async_op=True, nothing waited in
     between) run in issue order, as NCCL's do on a process group's one stream: sum,
-    sum, max of small integers is world x the first sum, exactly. Small slices, so a
-    call's first stages could overtake the last stages of the call before it."""
+    sum, max of small integers is world x the first sum, exactly. One or two slices
+    (the default 4 MiB), so a call's reduce_scatter, which only follows the previous
+    call's reduce_scatter on its stream, would overtake that call's all_gather."""
     dev = torch.device("cuda", torch.cuda.current_device())
     n = 1_000_003
     want = expected(world, n, torch.float32, dist.ReduceOp.SUM, dev) * world
     ops = (dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX)
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=1 << 16) as comm, \
-            _diagnosed(comm, rank):
+    with ringreduce.Communicator(min_bytes=0) as comm, _diagnosed(comm, rank):
         for round_ in range(4):  # the first round's calls are traced (native issuer)
             t = rank_input(rank, n, torch.float32, dev)
             futures = [comm.all_reduce(t, op=op, async_op=True) for op in ops]

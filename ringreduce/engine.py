@@ -149,7 +149,7 @@ class Communicator:
         return self._call("reduce_scatter", input, op_name, async_op, output,
                           lambda rec: issuer.inline(
                               lambda ctx, s: run(out, inp, op_name, ctx, s), rec, async_op,
-                              output),
+                              output, inp),
                           lambda rec: run(out, inp, op_name, issuer.ctx(rec), None),
                           "hierarchical" if hier else "flat")
 
@@ -166,7 +166,7 @@ class Communicator:
         out, inp, issuer = untracked(output), untracked(input), self._issuer
         return self._call("all_gather", output, "-", async_op, output,
                           lambda rec: issuer.inline(lambda ctx, s: run(out, inp, ctx, s), rec,
-                                                    async_op, output),
+                                                    async_op, output, inp),
                           lambda rec: run(out, inp, issuer.ctx(rec), None),
                           "hierarchical" if hier else "flat")
 

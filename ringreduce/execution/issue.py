@@ -27,6 +27,11 @@ from ringreduce.execution.streams import FLAT
 from ringreduce.plan import schedule
 from ringreduce.safety.flight import Record
 
+_PENDING = 4096
+"""Asynchronous calls remembered by the memory they used (after_pending): DDP's buckets
+and the tensors of a training step, with room; the oldest go first (a wait on one that
+finished long ago costs the device nothing, forgetting it only matters while it runs)."""
+
 CALLER = "caller"
 """Stands for the caller's current stream in a call's stream ends."""
 
@@ -48,6 +53,10 @@ class Issuer:
         """Where the next hierarchical call's slices start in the staging slot rotation."""
         self.worker = None if res.is_cuda else concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="ringreduce")
+        self._pending: dict[int, str | int] = {}
+        """CUDA: memory (storage address) -> the end of the last asynchronous call on it
+        off the caller's stream, a stream name or a native job's number (see
+        after_pending)."""
 
     # --- where a call goes ---------------------------------------------------------------
 
@@ -89,6 +98,8 @@ class Issuer:
         """One all_reduce on CUDA: the native issuer when it takes the call, else the
         caller's capture, a graph replay, or the Python issuer, in that order."""
         capturing = torch.cuda.is_current_stream_capturing()
+        if not capturing:
+            self.after_pending(t)
         native = self.res.native
         if native is not None:  # native.py; captures and graphs stay on this thread
             if not capturing and self.res.graphs is None and t.numel() \
@@ -96,6 +107,8 @@ class Issuer:
                 record.route = f"hierarchical ({native.mode})"
                 fut, ends, self.cursor = native.issue(t, op, async_op, self.cursor,
                                                       lambda: self.ctx(record))
+                if async_op:
+                    self._pend(t, ends[0][1].seq)
                 return fut, ends
             native.drain()  # Python issues next: the worker's calls must come first
         if capturing:  # the caller's own CUDA graph
@@ -108,11 +121,14 @@ class Issuer:
         return self._issue_now(t, op, async_op, record)
 
     def inline(self, run: Callable[[CallContext, int], None], record: Record,
-               async_op: bool, result: torch.Tensor) -> tuple[Any, Ends]:
-        """CUDA: ``run`` on the caller's current stream (no stage streams to join).
-        Returns the Future (or None) and what the watchdog should watch."""
+               async_op: bool, result: torch.Tensor, *reads: torch.Tensor) -> tuple[Any, Ends]:
+        """CUDA: ``run`` on the caller's current stream (no stage streams to join),
+        writing ``result`` and reading ``reads``. Returns the Future (or None) and what
+        the watchdog should watch."""
         if self.res.native is not None:
             self.res.native.drain()  # its queued calls are issued before this one
+        if not torch.cuda.is_current_stream_capturing():
+            self.after_pending(result, *reads)
         if result.numel():
             caller = self.res.sync.caller()
             self.res.sync.join_replay(caller)  # a replay may still use the communicators
@@ -164,6 +180,8 @@ class Issuer:
         if not last:
             fut.set_result(t)
             return fut, ends
+        if not torch.cuda.is_current_stream_capturing():
+            self._pend(t, last)
         sync.adopt(t, (*schedule.STAGES, FLAT))
         with sync.on(last):  # the Future records an event on the last stage's stream
             fut.set_result(t)
@@ -195,10 +213,46 @@ class Issuer:
             sync.leave()  # the caller's stream waits for the replay's end (done)
             return None, ends
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
+        self._pend(t, stream)
         sync.adopt(t, (stream,))
         with sync.on(stream):  # the Future records an event on the replay stream
             fut.set_result(t)
         return fut, ends
+
+    # --- one order for calls on the same memory (CUDA) ----------------------------------
+
+    def after_pending(self, *tensors: torch.Tensor) -> None:
+        """The caller's stream waits for the last asynchronous call still recorded on the
+        memory of ``tensors``, before this call enqueues anything: calls on one tensor
+        then run in issue order, as they do on a process group's one NCCL stream. Ours
+        run on stage streams, and a call's reduce_scatter, which follows only the
+        previous call's reduce_scatter on its stream, would otherwise read the tensor
+        before that call's all_gather wrote it. Only overlapping calls wait: calls on
+        different tensors (DDP's buckets) still overlap. This call's own end is ordered
+        from here on (a synchronous call makes the caller's stream wait for it; an
+        asynchronous one records itself with _pend), so the entry goes."""
+        for t in tensors:
+            end = self._pending.pop(_storage(t), None)
+            if end is not None:
+                self._join(end)
+
+    def _join(self, end: str | int) -> None:
+        caller = self.res.sync.caller()
+        if isinstance(end, int):  # a native job: the stream waits for its done event
+            native = self.res.native
+            assert native is not None
+            native.wait_issued(end)
+            native.worker.stream_wait(caller.cuda_stream, end)
+            return
+        event = torch.cuda.Event()  # everything that stream holds so far, the call included
+        event.record(self.res.sync.streams[end])
+        caller.wait_event(event)
+
+    def _pend(self, t: torch.Tensor, end: str | int) -> None:
+        key = _storage(t)
+        if len(self._pending) >= _PENDING and key not in self._pending:
+            del self._pending[next(iter(self._pending))]  # the oldest: long finished
+        self._pending[key] = end
 
     def _watch(self, record: Record, ends: Ends) -> None:
         """Hand the issued call to the watchdog: one fresh event per stream it used
@@ -284,3 +338,8 @@ def _as_torch_future(job: concurrent.futures.Future[Any],
 
     job.add_done_callback(done)
     return fut
+
+
+def _storage(t: torch.Tensor) -> int:
+    """The address of ``t``'s memory allocation: views of one tensor share it."""
+    return t.untyped_storage().data_ptr()

@@ -206,7 +206,7 @@ class NativeIssuer:
         else:
             seq = self.worker.submit(program, base, caller)
             if not async_op:
-                self._wait_issued(seq)  # the host waits for the issue, never for the device
+                self.wait_issued(seq)  # the host waits for the issue, never for the device
         if self.inline or not async_op:  # issued by now: a refusal raises from this call
             self._raise_if_refused(seq)
         done = Completion(self, seq)
@@ -236,7 +236,7 @@ class NativeIssuer:
         with torch.cuda.stream(self.done):  # the Future records its event after the wait
             fut.set_result(t)
 
-    def _wait_issued(self, seq: int) -> None:
+    def wait_issued(self, seq: int) -> None:
         while not self.worker.wait_issued(seq, _DRAIN_POLL_S):
             if self.res.guard.failure is not None:
                 raise RingReduceError(str(self.res.guard.failure))

@@ -1,0 +1,286 @@
+"""Issuing a checked call: how one collective becomes work, on CUDA or on the CPU.
+
+Owns everything between a Communicator's checks and the work itself. On CUDA: the
+issue lock and the watchdog's view of a call being issued, the choice between the
+native issuer (native.py), a CUDA-graph replay (graphs.py), the caller's own capture
+and issuing from Python (pipeline.py's step loop or a flat all-reduce), the CUDA-aware
+Futures, and the events the watchdog waits on. On the CPU: the one worker thread that
+runs calls in order, and Futures over its jobs. engine.py keeps the public surface
+(checks, routing names, numbering, the flight record) and hands each call here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ringreduce.config import Config
+from ringreduce.errors import RingReduceError
+from ringreduce.execution.context import CallContext
+from ringreduce.execution.pipeline import flat_here, run_flat, run_waves
+from ringreduce.execution.resources import Resources
+from ringreduce.execution.streams import FLAT
+from ringreduce.plan import schedule
+from ringreduce.safety.flight import Record
+
+CALLER = "caller"
+"""Stands for the caller's current stream in a call's stream ends."""
+
+Ends = list[tuple[str, Any]]
+"""(stage label, stream name or completion) pairs the watchdog waits on for a call."""
+
+
+class Issuer:
+    """Issues one Communicator's calls over its Resources, in the order they come:
+    CUDA work is enqueued on the calling thread, CPU work queued to one worker."""
+
+    def __init__(self, res: Resources, config: Config) -> None:
+        self.res = res
+        self.config = config
+        """The Communicator's, replaced with it (Communicator.config): min_bytes is read
+        per call."""
+        self.wire = getattr(torch, config.wire_dtype) if config.wire_dtype else None
+        self.cursor = schedule.Cursor()
+        """Where the next hierarchical call's slices start in the staging slot rotation."""
+        self.worker = None if res.is_cuda else concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="ringreduce")
+
+    # --- where a call goes ---------------------------------------------------------------
+
+    def hierarchical_blocks(self, whole: torch.Tensor) -> bool:
+        topo = self.res.topo
+        return (topo.machines > 1 and topo.devices_per_machine > 1
+                and whole.numel() * whole.element_size() >= self.config.min_bytes)
+
+    def route_flat(self, t: torch.Tensor) -> bool:
+        return (self.res.topo.machines == 1
+                or t.numel() * t.element_size() < self.config.min_bytes)
+
+    def ctx(self, record: Record) -> CallContext:
+        return CallContext(self.res, record)
+
+    # --- CUDA: issued on the calling thread ----------------------------------------------
+
+    def issue_cuda(self, record: Record, on_cuda: Callable[[Record], tuple[Any, Ends]]) -> Any:
+        """``on_cuda(record)`` under the issue lock, watched while it is inside NCCL, its
+        streams then handed to the watchdog. Returns its Future (or None)."""
+        res = self.res
+        with res.issue_lock:
+            res.issuing = (record, time.monotonic())  # watched: NCCL may block inside
+            try:
+                fut, ends = on_cuda(record)
+            except RingReduceError as exc:
+                res.fail(exc, record)
+                if res.guard.failure is not exc:  # the watchdog's abort ended the call:
+                    raise RingReduceError(str(res.guard.failure)) from exc  # say why
+                raise
+            finally:
+                res.issuing = None
+            self._watch(record, ends)
+        res.guard.finish(record)  # on CUDA: issued (the device finishes later)
+        return fut
+
+    def all_reduce(self, t: torch.Tensor, op: str, async_op: bool,
+                   record: Record) -> tuple[Any, Ends]:
+        """One all_reduce on CUDA: the native issuer when it takes the call, else the
+        caller's capture, a graph replay, or the Python issuer, in that order."""
+        capturing = torch.cuda.is_current_stream_capturing()
+        native = self.res.native
+        if native is not None:  # native.py; captures and graphs stay on this thread
+            if not capturing and self.res.graphs is None and t.numel() \
+                    and not self.route_flat(t) and native.warm(t, op):
+                record.route = f"hierarchical ({native.mode})"
+                fut, ends, self.cursor = native.issue(t, op, async_op, self.cursor,
+                                                      lambda: self.ctx(record))
+                return fut, ends
+            native.drain()  # Python issues next: the worker's calls must come first
+        if capturing:  # the caller's own CUDA graph
+            self.res.user_captures += 1  # closing waits for it (cuda_setup.finalize)
+            with self.res.sync.capturing():
+                return self._issue_now(t, op, async_op, record)
+        graph = self._graph_for(t, op, record)
+        if graph is not None:
+            return self._replay(graph, t, async_op, record)
+        return self._issue_now(t, op, async_op, record)
+
+    def inline(self, run: Callable[[CallContext, int], None], record: Record,
+               async_op: bool, result: torch.Tensor) -> tuple[Any, Ends]:
+        """CUDA: ``run`` on the caller's current stream (no stage streams to join).
+        Returns the Future (or None) and what the watchdog should watch."""
+        if self.res.native is not None:
+            self.res.native.drain()  # its queued calls are issued before this one
+        if result.numel():
+            caller = self.res.sync.caller()
+            self.res.sync.join_replay(caller)  # a replay may still use the communicators
+            run(self.ctx(record), caller.cuda_stream)
+        ends: Ends = [(record.kind, CALLER)]
+        if not async_op:
+            return None, ends
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[result.device])
+        fut.set_result(result)  # records an event on the current stream
+        return fut, ends
+
+    def execute(self, t: torch.Tensor, op: str, record: Record, inline: bool = True) -> str:
+        """Issue (CUDA) or run (CPU) one all_reduce. Returns the stage whose stream ends
+        the call, or "" when the work went onto the caller's stream (nothing to wait for)."""
+        if t.numel() == 0:
+            return ""
+        t = untracked(t)
+        res, ctx = self.res, self.ctx(record)
+        if self.route_flat(t):
+            record.route = "flat"
+            if inline:
+                stream = res.sync.caller().cuda_stream if res.is_cuda else None
+                flat_here(t.view(-1), op, ctx, stream)
+                return ""
+            res.sync.enter()
+            run_flat(t.view(-1), op, ctx)
+            return FLAT
+        record.route = "hierarchical"
+        res.sync.enter()
+        topo = res.topo
+        ctx.wire = self.wire if t.dtype == torch.float32 else None
+        plans, waves, self.cursor = schedule.plan_waves(
+            t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
+            res.slice_bytes, res.staging_slots, self.cursor,
+            "add" if ctx.wire is None else "diffuse", res.wave_groups)
+        run_waves(waves, t.view(-1), plans, op, ctx)
+        return schedule.active_stages(topo.devices_per_machine)[-1]
+
+    def _issue_now(self, t: torch.Tensor, op: str, async_op: bool,
+                   record: Record) -> tuple[Any, Ends]:
+        last = self.execute(t, op, record, inline=not async_op)
+        sync = self.res.sync
+        ends = _stage_ends(last, self.res.topo.devices_per_machine)
+        if not async_op:
+            if last:
+                sync.leave()
+            return None, ends
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
+        if not last:
+            fut.set_result(t)
+            return fut, ends
+        sync.adopt(t, (*schedule.STAGES, FLAT))
+        with sync.on(last):  # the Future records an event on the last stage's stream
+            fut.set_result(t)
+        return fut, ends
+
+    def _graph_for(self, t: torch.Tensor, op: str, record: Record) -> Any:
+        """The captured graph of this call (graphs.py), capturing it the second time
+        the same tensor comes back; None: issue it the slow way."""
+        graphs = self.res.graphs
+        if graphs is None or t.numel() == 0 or self.route_flat(t):
+            return None
+        key = (t.data_ptr(), t.numel(), t.dtype, op)
+        graph = graphs.get(key)
+        if graph is None and graphs.seen_before(key):
+            def issue() -> None:
+                with self.res.sync.capturing(external=True):
+                    if self.execute(t, op, record):
+                        self.res.sync.leave()  # joins every stage stream into the capture
+            graph = graphs.capture(key, issue)
+        return graph
+
+    def _replay(self, graph: Any, t: torch.Tensor, async_op: bool,
+                record: Record) -> tuple[Any, Ends]:
+        record.route = "hierarchical (graph)"
+        sync = self.res.sync
+        stream = sync.replay(graph)
+        ends: Ends = [("replay", stream)]
+        if not async_op:
+            sync.leave()  # the caller's stream waits for the replay's end (done)
+            return None, ends
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
+        sync.adopt(t, (stream,))
+        with sync.on(stream):  # the Future records an event on the replay stream
+            fut.set_result(t)
+        return fut, ends
+
+    def _watch(self, record: Record, ends: Ends) -> None:
+        """Hand the issued call to the watchdog: one fresh event per stream it used
+        (stage label, stream), recorded after its last work there."""
+        res = self.res
+        if res.watchdog is None or torch.cuda.is_current_stream_capturing():
+            return  # a captured graph's work runs at replay; events recorded now mean nothing
+        topo, done = res.topo, []
+        for label, stream in ends:
+            if not isinstance(stream, str):  # the native issuer's completion (native.py)
+                done.append((label, stream, topo.peers(label)))
+                continue
+            event = torch.cuda.Event()
+            event.record(res.sync.caller() if stream == CALLER
+                         else res.sync.streams[stream])
+            done.append((label, event, topo.peers(stream)))
+        res.watchdog.watch(record.op_number, f"{record.kind} of {record.numel} x {record.dtype}",
+                           done)
+
+    # --- CPU: run in order on one worker thread ------------------------------------------
+
+    def queue_cpu(self, record: Record, on_cpu: Callable[[Record], Any], async_op: bool,
+                  result: torch.Tensor) -> torch.futures.Future[torch.Tensor] | None:
+        """``on_cpu(record)`` queued behind earlier calls; waited for unless ``async_op``,
+        whose Future completes with ``result``."""
+        job = self.worker.submit(self._run_cpu, on_cpu, record)  # type: ignore[union-attr]
+        if not async_op:
+            job.result()
+            return None
+        return _as_torch_future(job, result)
+
+    def _run_cpu(self, run: Callable[[Record], Any], record: Record) -> None:
+        """One call on the worker thread; a failure poisons the calls queued behind it."""
+        guard = self.res.guard
+        guard.check_usable()
+        try:
+            run(record)
+        except RingReduceError as exc:
+            guard.fail(exc, record)
+            raise
+        guard.finish(record)
+
+    def wait_cpu(self) -> None:
+        """Until the calls queued so far ran."""
+        self.worker.submit(lambda: None).result()  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        """Let the queued CPU calls finish; no more are taken."""
+        if self.worker is not None:
+            self.worker.shutdown(wait=True)
+
+
+def untracked(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s memory without autograd's view of it. The stages write views of the
+    caller's tensor in place; autograd refuses that for a leaf that requires grad, or
+    a view an op like ``split`` made ("... is being modified inplace"), while gloo and
+    NCCL write through C++ and never ask it. ``dist.all_reduce`` does not record the
+    reduction in the graph either, so neither do we."""
+    return t.detach() if t.requires_grad else t
+
+
+def _stage_ends(last: str, devices: int) -> Ends:
+    """(stage, stream) pairs whose completion means an all_reduce finished: every
+    active stage for the hierarchical route (in order, so the watchdog names the
+    first stuck one), the flat stream, or the caller's stream."""
+    if not last:
+        return [(FLAT, CALLER)]
+    if last == FLAT:
+        return [(FLAT, FLAT)]
+    return [(s, s) for s in schedule.active_stages(devices)]
+
+
+def _as_torch_future(job: concurrent.futures.Future[Any],
+                     t: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+    def done(j: concurrent.futures.Future[Any]) -> None:
+        exc = j.exception()
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(t)
+
+    job.add_done_callback(done)
+    return fut

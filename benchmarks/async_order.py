@@ -18,6 +18,10 @@ integers, so the tensor stays exact however often it is reduced), ``--in-flight`
 time, after the programs are warm:
   alone   nothing else: the worker is the only thread issuing NCCL work
   mixed   after every call the caller's thread issues a small torch NCCL all-reduce
+``--tensors K`` sends them round K tensors: calls on one tensor run in issue order (each
+waits for the one before on the device), so only K > 1 overlaps calls on the device, as
+DDP's buckets do; before that order was enforced (results 2026-11-25-h100-issue-order),
+the calls on one tensor overlapped, and raced.
 ``--issuer native`` runs the same calls on the caller's thread, the control. Every rank
 prints one line per phase: completed (seconds), or the RingReduceError the
 watchdog raised at the deadline. One phase per process, so a failed one cannot
@@ -42,13 +46,14 @@ from ringreduce.benchmark.launch import Launch, run_ranks
 
 
 def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_flight: int,
-              machines: int | None, issuer: str) -> None:
+              machines: int | None, issuer: str, tensors: int) -> None:
     os.environ["RINGREDUCE_ISSUER"] = issuer  # read at construction
     comm = ringreduce.Communicator(machines=machines)
     assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
     n = 25 * 2**20 // 4
     x = ((torch.arange(n, device=device) * 7) % 11 - 5).float()  # the same on every rank
     want, small = x.clone(), torch.ones(1, device=device)
+    xs = [x] + [x.clone() for _ in range(tensors - 1)]
     for _ in range(70):  # every staging slot position traced, issued, waited for
         comm.all_reduce(x, op=dist.ReduceOp.AVG)
     torch.cuda.synchronize(device)
@@ -59,7 +64,8 @@ def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_f
     try:
         pending = []
         for i in range(calls):
-            pending.append(comm.all_reduce(x, op=dist.ReduceOp.AVG, async_op=True))
+            pending.append(comm.all_reduce(xs[i % tensors], op=dist.ReduceOp.AVG,
+                                           async_op=True))
             if phase == "mixed":
                 dist.all_reduce(small)  # torch's NCCL, on the caller's thread
             if len(pending) == in_flight or i == calls - 1:
@@ -68,13 +74,14 @@ def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_f
                 pending.clear()
         comm.wait_idle()
         torch.cuda.synchronize(device)
-        wrong = int((x != want).sum())
+        wrong = sum(int((y != want).sum()) for y in xs)
         outcome = f"completed, {wrong} elements wrong"
     except ringreduce.RingReduceError as exc:
         outcome = f"RingReduceError: {str(exc)[:300]}"
     seconds = time.monotonic() - started
     print(f"[async-order] rank {launch.rank} issuer={issuer} phase={phase} calls={calls} "
-          f"in_flight={in_flight}: {outcome} after {seconds:.1f} s", flush=True)
+          f"in_flight={in_flight} tensors={tensors}: {outcome} after {seconds:.1f} s",
+          flush=True)
     os._exit(0)  # a poisoned communicator's teardown is not what is measured here
 
 
@@ -84,13 +91,17 @@ def main() -> None:
     p.add_argument("--phase", choices=("alone", "mixed"), required=True)
     p.add_argument("--calls", type=int, default=64)
     p.add_argument("--in-flight", type=int, default=8)
+    p.add_argument("--tensors", type=int, default=1,
+                   help="asynchronous calls go round this many tensors (DDP: its buckets); "
+                        "calls on one tensor run in order, so with 1 they do not overlap")
     p.add_argument("--issuer", choices=("native-async", "native"), default="native-async",
                    help="native: the same calls issued on the caller's thread (the control)")
     args = p.parse_args()
     if "NCCL_HOSTID" in os.environ and "RANK" in os.environ:
         os.environ["NCCL_HOSTID"] += f"-rank{os.environ['RANK']}"  # ranks share a GPU
     run_ranks(lambda launch, device: rank_body(launch, device, args.phase, args.calls,
-                                               args.in_flight, args.machines, args.issuer))
+                                               args.in_flight, args.machines, args.issuer,
+                                               args.tensors))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ Every rank builds one Communicator per way (``--ways``; DEFAULT_WAYS says what e
 means: issuer, wave groups, paired communicators, slice size, graph replay) over the same
 process group, and measures in one run:
   * host time of one call on an idle pipeline (the caller's time until the call
-    returns), synchronous and ``async_op=True``, median of ``--calls`` samples;
+    returns), synchronous and ``async_op=True`` (these round BUCKETS tensors, as DDP's
+    buckets: calls on one tensor wait for each other), median of ``--calls`` samples;
   * CPU per call (getrusage of the whole process: every thread, NCCL's proxies and
     the native worker) and busy cores over ``--calls`` back-to-back calls, the host
     waiting for the device once at the end;
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
 import os
 import pstats
 import resource
@@ -39,6 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import ringreduce
 from ringreduce.benchmark.launch import Launch, run_ranks
 from ringreduce.config import parse_size
+
+
+BUCKETS = 8
+"""Tensors the asynchronous calls go round (see rank_body)."""
 
 
 def _cpu_s() -> float:
@@ -211,13 +217,16 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
     base = ((torch.arange(n, device=device) * 7 + launch.rank * 3) % 11 - 5).float()
     check_exact(comms, base, device, say)
     x = base.clone()
+    # Asynchronous calls go round BUCKETS tensors, as DDP's buckets do: calls on one tensor
+    # run in issue order (each waits for the one before on the device), a ring overlaps.
+    ring = itertools.cycle([base.clone() for _ in range(BUCKETS)])
     ways: dict[str, Callable[[], object]] = {
         "nccl sync": lambda: dist.all_reduce(x),
-        "nccl async": lambda: dist.all_reduce(x, async_op=True),
+        "nccl async": lambda: dist.all_reduce(next(ring), async_op=True),
     }
     for name, comm in comms.items():
         ways[f"{name} sync"] = lambda c=comm: c.all_reduce(x)
-        ways[f"{name} async"] = lambda c=comm: c.all_reduce(x, async_op=True)
+        ways[f"{name} async"] = lambda c=comm: c.all_reduce(next(ring), async_op=True)
     rows = measure(ways, calls, device, say)
     profiles = profile_native(ways, calls, device)
     breakdown = (native_breakdown(comms["native"], ways["native sync"], calls, device)

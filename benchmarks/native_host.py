@@ -42,7 +42,6 @@ import ringreduce
 from ringreduce.benchmark.launch import Launch, run_ranks
 from ringreduce.config import parse_size
 
-
 BUCKETS = 8
 """Tensors the asynchronous calls go round (see rank_body)."""
 

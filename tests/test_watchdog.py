@@ -225,6 +225,22 @@ def test_a_query_that_raises_is_a_failure() -> None:
     assert "illegal memory access" in str(failures.errors[0])
 
 
+def test_the_start_step_runs_on_the_watchdogs_thread_and_cannot_stop_it() -> None:
+    """CUDA sets the thread's graph-capture mode there (cuda_setup.relaxed_capture_mode):
+    a step that fails is logged, and the watchdog still fails a stuck call."""
+    threads: list[threading.Thread] = []
+
+    def start() -> None:
+        threads.append(threading.current_thread())
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    wd, failures, _ = _watchdog(timeout_s=0.2, on_start=start)
+    wd.watch(3, "tensor of 1 x torch.float32", _stages(False)[0])
+    assert failures.called.wait(2.0), "the watchdog stopped with its start step"
+    assert [t.name for t in threads] == ["ringreduce-watchdog"]
+    assert "no progress within the deadline" in str(failures.errors[0])
+
+
 def test_an_idle_watchdog_does_not_poll() -> None:
     wd, _, errors = _watchdog()
     wd.watch(1, "tensor of 1 x torch.float32", _stages(True)[0])

@@ -10,6 +10,7 @@ resources.py builds the Resources these fill in; every NCCL call is the nccl pac
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import threading
@@ -85,11 +86,36 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
                             on_failure=lambda exc: res.fail(exc, None),
                             stuck_issue=res.stuck_issue,
                             call_check=res.call_check and res.call_check.mismatch,
-                            everyone=range(topo.world_size))
+                            everyone=range(topo.world_size),
+                            on_start=relaxed_capture_mode)
     res.watchdog.start()  # before the first call: its connection setup may hang
     res.release_steps += [
         lambda c=c, b=blocking and name != "root": finalize(res, c, timeout_s, b)
         for name, c in unique.items()]
+
+
+_CAPTURE_MODE_RELAXED = 2
+"""CU_STREAM_CAPTURE_MODE_RELAXED (cuda.h's CUstreamCaptureMode)."""
+
+
+def relaxed_capture_mode() -> None:
+    """Let the calling thread (the watchdog's) query events and streams while another
+    thread captures a CUDA graph in the default, global mode, as torch.cuda.graph()
+    does: CUDA refuses such calls from every thread then
+    (cudaErrorStreamCaptureUnsupported), and the watchdog took the refusal for a failed
+    call and aborted (a caller's capture at 4 x 2, results 2026-11-25-h100-issue-order,
+    run 31). The thread's own calls are never captured, so relaxed is safe for it."""
+    mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+    try:
+        exchange = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+    except (OSError, AttributeError) as exc:
+        log.warning("ringreduce: no cuThreadExchangeStreamCaptureMode (%s); the watchdog "
+                    "may mistake a CUDA graph capture for a failure", exc)
+        return
+    result = exchange(ctypes.byref(mode))
+    if result != 0:
+        log.warning("ringreduce: cuThreadExchangeStreamCaptureMode returned CUresult %d; "
+                    "the watchdog may mistake a CUDA graph capture for a failure", result)
 
 
 def distinct(comms: dict[str, Any]) -> dict[str, Any]:

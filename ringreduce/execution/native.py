@@ -9,8 +9,11 @@ first time by recording.trace) and one call into ringreduce._native (native/issu
   native-async  Issuer.submit, experimental: the job is queued for a worker thread and
                 the call returns at once; a completer thread completes Futures. It hangs
                 on the GPU after some dozens of calls, even synchronous ones with no
-                other thread issuing NCCL work (results 2026-11-25-h100-engine-v2, runs
-                8 and 9; 2026-11-23-h200-native before).
+                other thread issuing NCCL work, with every stuck job issued on every
+                rank; not implicit launch order, lazy loading, runtime connection, NCCL's
+                block count, hardware queues or jobs overlapping on the device (results
+                2026-11-25-h100-issue-order, runs 25-30; -engine-v2 and
+                2026-11-23-h200-native before).
 
 Either way the program records an entry event on the caller's stream first; its last
 instruction writes the call's number into a flag in host memory (what the watchdog

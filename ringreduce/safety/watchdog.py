@@ -90,12 +90,15 @@ class Watchdog:
                  poll_s: float = DEFAULT_POLL_S, rank: int | None = None,
                  stuck_issue: Callable[[], Issue | None] | None = None,
                  call_check: Callable[[], str | None] | None = None,
-                 everyone: Sequence[int] = ()) -> None:
+                 everyone: Sequence[int] = (),
+                 on_start: Callable[[], None] | None = None) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r} must be positive seconds")
         if not poll_s > 0:
             raise ValueError(f"poll_s={poll_s!r} must be positive seconds")
         self.timeout_s, self.poll_s, self.rank = timeout_s, poll_s, rank
+        self._on_start = on_start
+        """Runs first on the watchdog's thread (CUDA: its graph-capture mode)."""
         self._async_error, self._on_failure = async_error, on_failure
         self._stuck_issue = stuck_issue
         self._call_check, self._everyone = call_check, tuple(everyone)
@@ -185,6 +188,11 @@ class Watchdog:
             thread.join()
 
     def _run(self) -> None:
+        if self._on_start is not None:
+            try:
+                self._on_start()
+            except Exception:  # the watchdog must run regardless
+                log.exception("ringreduce: the watchdog's start-up step failed")
         while True:
             with self._cond:
                 if not self._ops and not self._stopping:

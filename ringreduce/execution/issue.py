@@ -53,10 +53,10 @@ class Issuer:
         """Where the next hierarchical call's slices start in the staging slot rotation."""
         self.worker = None if res.is_cuda else concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="ringreduce")
-        self._pending: dict[int, str | int] = {}
+        self._pending: dict[int, torch.cuda.Event | int] = {}
         """CUDA: memory (storage address) -> the end of the last asynchronous call on it
-        off the caller's stream, a stream name or a native job's number (see
-        after_pending)."""
+        off the caller's stream: an event recorded right after it, or a native job's
+        number (see after_pending)."""
 
     # --- where a call goes ---------------------------------------------------------------
 
@@ -236,23 +236,34 @@ class Issuer:
             if end is not None:
                 self._join(end)
 
-    def _join(self, end: str | int) -> None:
+    def _join(self, end: torch.cuda.Event | int) -> None:
+        """The caller's stream waits for that call's end, and for nothing issued after
+        it (a later call on other tensors, e.g. the next DDP bucket, must not hold the
+        caller's compute back)."""
         caller = self.res.sync.caller()
-        if isinstance(end, int):  # a native job: the stream waits for its done event
-            native = self.res.native
-            assert native is not None
-            native.wait_issued(end)
-            native.worker.stream_wait(caller.cuda_stream, end)
+        if isinstance(end, torch.cuda.Event):
+            caller.wait_event(end)
             return
-        event = torch.cuda.Event()  # everything that stream holds so far, the call included
-        event.record(self.res.sync.streams[end])
-        caller.wait_event(event)
+        native = self.res.native  # a native job: its done event, unless it finished
+        assert native is not None
+        native.wait_issued(end)
+        if native.worker.state(end) == 0:  # the host-visible flag: no device sync
+            native.worker.stream_wait(caller.cuda_stream, end)
 
     def _pend(self, t: torch.Tensor, end: str | int) -> None:
+        """Remember the asynchronous call just issued on ``t``: a native job's number,
+        or the stream it ends on (an event is recorded there now, marking this call's
+        end only)."""
+        if isinstance(end, str):
+            event = torch.cuda.Event()
+            event.record(self.res.sync.streams[end])
+            marker: torch.cuda.Event | int = event
+        else:
+            marker = end
         key = _storage(t)
         if len(self._pending) >= _PENDING and key not in self._pending:
             del self._pending[next(iter(self._pending))]  # the oldest: long finished
-        self._pending[key] = end
+        self._pending[key] = marker
 
     def _watch(self, record: Record, ends: Ends) -> None:
         """Hand the issued call to the watchdog: one fresh event per stream it used

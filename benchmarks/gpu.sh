@@ -113,8 +113,9 @@ faults)
   step gpu_faults 240 python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
     python3 -m pytest -m gpu tests -k fault -p no:cacheprovider -v -rs
   # A client killed under MPS takes the MPS server down for every client of the GPU, so
-  # the killed-peer tests (skipped above) run at 2x1 without MPS: two ranks time-slice.
-  step gpu_killed_2x1 120 python3 -m pytest -m gpu tests -k "killed or failed_work" \
+  # the tests that kill a peer (killed, or stopped and then killed; skipped above) run at
+  # 2x1 without MPS: two ranks time-slice.
+  step gpu_killed_2x1 150 python3 -m pytest -m gpu tests -k "killed or failed_work or stopped" \
     -p no:cacheprovider -v -rs -s
   # exit 1 is the expected outcome here: every rank must raise, none may hang
   step link_cut 200 env RINGREDUCE_TIMEOUT=${CUT_TIMEOUT_S:-20} $E --machines 2 --gpus-per-machine 2 \

@@ -202,6 +202,7 @@ def _stopped_worker(rank: int, world: int) -> None:
     _leave()
 
 
+@KILLED_UNDER_MPS  # the stopped rank is killed at the end, with its work on the GPU
 def test_gpu_rank_stopped_past_the_deadline_becomes_an_error() -> None:
     world = SMALL[0] * SMALL[1]
     run_test_ranks(_stopped_worker, world, backend="nccl", env=_env_with_deadline(*SMALL),

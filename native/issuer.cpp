@@ -56,6 +56,7 @@ struct Cuda {
     CUresult (*eventCreate)(CUevent*, unsigned);
     CUresult (*eventDestroy)(CUevent);
     CUresult (*eventRecord)(CUevent, CUstream);
+    CUresult (*eventQuery)(CUevent);
     CUresult (*streamWaitEvent)(CUstream, CUevent, unsigned);
     CUresult (*launchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void**, void**);
@@ -82,6 +83,7 @@ constexpr unsigned kEventDisableTiming = 0x2;      // CU_EVENT_DISABLE_TIMING
 constexpr unsigned kHostAllocFlags = 0x1 | 0x2;    // PORTABLE | DEVICEMAP
 constexpr int kEntryRing = 256;                    // entry and done events per issuer
 constexpr int kMaxKernelArgs = 16;
+constexpr CUresult kNotReady = 600;                // CUDA_ERROR_NOT_READY
 
 // ---- The instruction set (ringreduce/execution/native.py packs the same layout) --------------
 // Each instruction is 9 little-endian int64: op, stage, reloc, a0..a5. Bit i of reloc
@@ -310,6 +312,7 @@ std::string open_cuda(State& s, const char* libcuda, const char* libnccl) {
     SYM(cu, c.eventCreate, "cuEventCreate");
     SYM(cu, c.eventDestroy, "cuEventDestroy_v2", "cuEventDestroy");
     SYM(cu, c.eventRecord, "cuEventRecord");
+    SYM(cu, c.eventQuery, "cuEventQuery");
     SYM(cu, c.streamWaitEvent, "cuStreamWaitEvent");
     SYM(cu, c.launchKernel, "cuLaunchKernel");
     SYM(cu, c.memcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
@@ -844,6 +847,24 @@ PyObject* issuer_counters(Issuer* self, PyObject*) {
                          "at_op", op >= 0 && op < OP_COUNT ? kOpNames[op] : "-");
 }
 
+// events(seq) -> (entry, done) of job seq: 1 reached, 0 not yet (CUDA_ERROR_NOT_READY),
+// -1 another error; None without CUDA. For a deadline error: an entry not reached means
+// the caller's stream has not got to the call; an entry reached and no done, the job
+// itself is stuck. Either may have been recorded again by a job kEntryRing later.
+PyObject* issuer_events(Issuer* self, PyObject* arg) {
+    uint32_t seq = static_cast<uint32_t>(PyLong_AsUnsignedLong(arg));
+    if (PyErr_Occurred()) return nullptr;
+    State& s = *self->s;
+    if (!s.has_cuda) Py_RETURN_NONE;
+    make_current(s);
+    auto state = [&](CUevent e) {
+        CUresult r = s.cuda.eventQuery(e);
+        return r == 0 ? 1 : r == kNotReady ? 0 : -1;
+    };
+    return Py_BuildValue("(ii)", state(s.entries[seq % kEntryRing]),
+                         state(s.dones[seq % kEntryRing]));
+}
+
 PyObject* issuer_op_times(Issuer* self, PyObject* args) {
     int reset = 0;
     if (!PyArg_ParseTuple(args, "|p", &reset)) return nullptr;
@@ -889,6 +910,8 @@ PyMethodDef issuer_methods[] = {
      "issue what is queued, then end the worker thread"},
     {"op_times", reinterpret_cast<PyCFunction>(issuer_op_times), METH_VARARGS,
      "op_times(reset=False) -> {op: (instructions, host ns)} since the last reset"},
+    {"events", reinterpret_cast<PyCFunction>(issuer_events), METH_O,
+     "events(seq) -> (entry, done): 1 reached, 0 not yet, -1 error; None without CUDA"},
     {"counters", reinterpret_cast<PyCFunction>(issuer_counters), METH_NOARGS,
      "submitted, issued, flag; the job, instruction and op the worker is at ('-': idle)"},
     {nullptr, nullptr, 0, nullptr}};

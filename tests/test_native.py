@@ -135,6 +135,7 @@ def test_run_issues_on_the_calling_thread_before_it_returns() -> None:
     took = time.perf_counter() - started
     assert seq == 1 and took >= NOP_US / 1e6, f"run returned after {took:.4f} s"
     assert issuer.state(1) == 1 and issuer.counters()["issued"] == 1
+    assert issuer.events(1) is None  # no CUDA events here (a deadline error says so)
     assert issuer.run(slow, 0, 0) == 2  # one sequence with submitted jobs
     issuer.submit(_native.Program(_instr("nop", 200 * NOP_US), b"", 0), 0, 0)
     with pytest.raises(RuntimeError, match="while submitted jobs are queued: drain"):

@@ -124,7 +124,16 @@ class Completion:
             f"inside {c['at_op']} (instruction {c['at_instruction']} of job {c['at_job']})"
         return (f"native issuer: this call is job {self.seq}; submitted {c['submitted']}, "
                 f"issued {c['issued']}, finished on the device {c['flag']}; worker {where}; "
-                f"{self.issuer.streams_busy()}")
+                f"{self._events()}; {self.issuer.streams_busy()}")
+
+    def _events(self) -> str:
+        """Whether the caller's stream got to this job (its entry event) and whether the
+        job ended (its done event): which side of the call the device waits on."""
+        states = self.issuer.worker.events(self.seq)
+        if states is None:
+            return "no events (CPU)"
+        words = {1: "reached", 0: "not reached", -1: "unknown"}
+        return f"entry {words[states[0]]}, done {words[states[1]]}"
 
 
 class NativeIssuer:

@@ -24,7 +24,10 @@ NCCL_NET_LAT_US = 14.0
 #: groups, the flag and the Python around the call (106 us) = 240 us; the end-of-call
 #: check (on by default since) adds a group and two kernel launches: +43 us back to back
 #: (benchmarks/results/2026-11-25-h100-call-check, run 17), so 280 us. The Python issuer
-#: of 2026-11-23 cost "about 500 us per call plus 100 us per slice" (h200-t6).
+#: of 2026-11-23 cost "about 500 us per call plus 100 us per slice" (h200-t6). Since
+#: 2026-11-25 (h100-issue-order) the add goes out in its collect's wave, so a call has
+#: slices + 3 wave groups, one fewer; not recalibrated, because that folder's host
+#: figures varied up to 2x between machines.
 MEASURED_HOST_CALL_US = 280.0
 MEASURED_HOST_SLICE_US = 48.0
 

@@ -10,7 +10,7 @@ slice records it again. Slots are different: slice i+S reuses the staging slot o
 slice i, so each slot has its own "free" event.
 
 Steps are issued in *waves* (``waves``): wave w holds the stages that can go together,
-e.g. all_gather of slice w-4 ... reduce_scatter of slice w, and their NCCL operations
+e.g. all_gather of slice w-3 ... reduce_scatter of slice w, and their NCCL operations
 go out as one NCCL group (one ncclGroupEnd for up to four communicators instead of
 one per stage: the group calls were three quarters of a native call's host time). A
 wave enqueues its grouped steps' waits, then the group, then their records, and then
@@ -186,9 +186,11 @@ def waves(steps: tuple[Step, ...], grouped: bool = True) -> tuple[Wave, ...]:
     for step in steps:
         late = step.stage == AFTER_GROUP  # phase 1: sees its own wave's earlier records
         gap = 0 if late else 1
+        # A grouped step records in phase 0, so after a phase-1 wait of its wave only in
+        # the next wave; an add records after every wait of its wave.
         w = max([recorded[e] + gap for e in step.waits if e in recorded]
                 + [on_stream[step.stage] + gap if step.stage in on_stream else 0]
-                + [wave + (phase and not late) for wave, phase in
+                + [wave + (1 if phase == 1 and not late else 0) for wave, phase in
                    (waiters[e] for e in step.records if e in waiters)])
         for e in step.waits:
             waiters[e] = max(waiters.get(e, (0, 0)), (w, int(late)))

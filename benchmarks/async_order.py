@@ -77,7 +77,7 @@ def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_f
         wrong = sum(int((y != want).sum()) for y in xs)
         outcome = f"completed, {wrong} elements wrong"
     except ringreduce.RingReduceError as exc:
-        outcome = f"RingReduceError: {str(exc)[:300]}"
+        outcome = f"RingReduceError: {exc}"
     seconds = time.monotonic() - started
     print(f"[async-order] rank {launch.rank} issuer={issuer} phase={phase} calls={calls} "
           f"in_flight={in_flight} tensors={tensors}: {outcome} after {seconds:.1f} s",

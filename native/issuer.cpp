@@ -26,6 +26,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -84,6 +85,9 @@ constexpr unsigned kHostAllocFlags = 0x1 | 0x2;    // PORTABLE | DEVICEMAP
 constexpr int kEntryRing = 256;                    // entry and done events per issuer
 constexpr int kMaxKernelArgs = 16;
 constexpr CUresult kNotReady = 600;                // CUDA_ERROR_NOT_READY
+// Probes (a hang's diagnosis, off unless enable_probes): an event after each instruction
+// of the last kProbeJobs jobs; enough rows for every job a deadline error may name.
+constexpr int kProbeJobs = 16;
 
 // ---- The instruction set (ringreduce/execution/native.py packs the same layout) --------------
 // Each instruction is 9 little-endian int64: op, stage, reloc, a0..a5. Bit i of reloc
@@ -275,6 +279,15 @@ struct State {
     // where a call's host time goes (two clock reads per instruction, ~50 ns).
     std::atomic<uint64_t> op_ns[OP_COUNT] = {};
     std::atomic<uint64_t> op_calls[OP_COUNT] = {};
+    // Probes: row seq % kProbeJobs holds job seq's instructions, each with the stream it
+    // enqueued on and an event recorded there right after it (NCCL calls: after their
+    // group's end), so a hang names the first instruction each stream has not passed.
+    // Written by the issuing thread, read by the watchdog's only after the job was issued.
+    size_t probe_width = 0;                 // instructions per row; 0: off
+    std::vector<CUevent> probe_events;      // kProbeJobs * probe_width
+    std::vector<CUstream> probe_streams;    // nullptr: the instruction enqueued nothing
+    std::vector<uint32_t> probe_seq;        // the job in each row
+    std::vector<std::vector<Instr>> probe_code;  // a copy: the Program may go first
     bool closing = false;
     Failure failure;                    // under mu
     std::atomic<bool> failed{false};    // failure.set, readable without mu
@@ -425,6 +438,40 @@ void write_flag_after_failure(State& s, uint32_t seq) {
     s.cuda.eventRecord(s.dones[seq % kEntryRing], s.flag_stream);
 }
 
+// The stream instruction `in` enqueues on (nullptr: none; NCCL calls inside a group
+// enqueue at its end).
+CUstream probe_stream(const State& s, const Instr& in) {
+    switch (in.op) {
+    case WAIT_EVENT: case RECORD_EVENT: return reinterpret_cast<CUstream>(in.a[0]);
+    case SEND: case RECV: case REDUCE_SCATTER: case ALL_GATHER: case ALL_REDUCE:
+    case LAUNCH: return reinterpret_cast<CUstream>(in.a[5]);
+    case MEMCPY: return reinterpret_cast<CUstream>(in.a[3]);
+    case WRITE_FLAG: return s.flag_stream;
+    default: return nullptr;
+    }
+}
+
+// After instruction i of the job in `row` was issued: its probe event on its stream.
+// NCCL calls inside a group (`grouped`) wait in `group` until group_end launched them.
+void probe_after(State& s, size_t row, size_t i, const Instr& in, bool grouped,
+                 std::vector<size_t>& group) {
+    if (i >= s.probe_width) return;
+    size_t base = row * s.probe_width;
+    auto mark = [&](size_t j, CUstream stream) {
+        s.probe_streams[base + j] = stream;
+        s.cuda.eventRecord(s.probe_events[base + j], stream);
+    };
+    if (in.op == GROUP_END) {
+        for (size_t j : group) mark(j, probe_stream(s, s.probe_code[row][j]));
+        group.clear();
+        return;
+    }
+    CUstream stream = probe_stream(s, in);
+    if (stream == nullptr) return;
+    if (grouped) group.push_back(i);
+    else mark(i, stream);
+}
+
 void run_job(State& s, const Job& job) {
     if (s.poisoned.load() || s.failed.load()) {
         {
@@ -439,6 +486,13 @@ void run_job(State& s, const Job& job) {
     const Program& p = *job.p;
     int depth = 0;
     s.at_seq.store(job.seq, std::memory_order_relaxed);
+    size_t row = job.seq % kProbeJobs;
+    std::vector<size_t> group;
+    if (s.probe_width) {
+        std::fill_n(s.probe_streams.begin() + row * s.probe_width, s.probe_width, nullptr);
+        s.probe_code[row] = *job.p->code;
+        s.probe_seq[row] = job.seq;
+    }
     for (size_t i = 0; i < p.code->size(); ++i) {
         const Instr& in = (*p.code)[i];
         s.at_index.store(int64_t(i), std::memory_order_relaxed);
@@ -465,6 +519,7 @@ void run_job(State& s, const Job& job) {
         if (!err.empty() && depth > 0 && in.op != GROUP_END) s.nccl.groupEnd();  // close it
         s.in_call.store(false);
         depth += in.op == GROUP_START ? 1 : in.op == GROUP_END ? -1 : 0;
+        if (err.empty() && s.probe_width) probe_after(s, row, i, in, depth > 0, group);
         if (!err.empty()) {
             std::lock_guard<std::mutex> lock(s.mu);
             if (!s.failure.set) s.failure = {true, job.seq, in.stage, int64_t(i), err};
@@ -544,6 +599,7 @@ void issuer_dealloc(Issuer* self) {
         if (s.has_cuda) {
             for (CUevent e : s.entries) s.cuda.eventDestroy(e);
             for (CUevent e : s.dones) s.cuda.eventDestroy(e);
+            for (CUevent e : s.probe_events) s.cuda.eventDestroy(e);
             if (s.flag) s.cuda.memFreeHost(const_cast<uint32_t*>(s.flag));
         }
         delete self->s;
@@ -865,6 +921,75 @@ PyObject* issuer_events(Issuer* self, PyObject* arg) {
                          state(s.dones[seq % kEntryRing]));
 }
 
+// enable_probes(width): from the next job on, an event after each of a job's first
+// `width` instructions (the last kProbeJobs jobs kept); see State::probe_width. For a
+// hang's diagnosis: about a microsecond of host time per instruction. Only while idle.
+PyObject* issuer_enable_probes(Issuer* self, PyObject* arg) {
+    long width = PyLong_AsLong(arg);
+    if (PyErr_Occurred()) return nullptr;
+    State& s = *self->s;
+    if (!s.has_cuda || width <= 0 || s.probe_width) Py_RETURN_NONE;
+    {
+        std::lock_guard<std::mutex> lock(s.mu);
+        if (s.submitted != s.issued.load()) {
+            PyErr_SetString(PyExc_RuntimeError, "enable_probes() while jobs are queued");
+            return nullptr;
+        }
+    }
+    make_current(s);
+    size_t n = kProbeJobs * static_cast<size_t>(width);
+    std::vector<CUevent> events(n, nullptr);
+    for (size_t i = 0; i < n; ++i) {
+        CUresult r = s.cuda.eventCreate(&events[i], kEventDisableTiming);
+        if (r) {
+            for (size_t j = 0; j < i; ++j) s.cuda.eventDestroy(events[j]);
+            PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "cuEventCreate (probe)").c_str());
+            return nullptr;
+        }
+    }
+    s.probe_events.swap(events);
+    s.probe_streams.assign(n, nullptr);
+    s.probe_seq.assign(kProbeJobs, 0);
+    s.probe_code.assign(kProbeJobs, {});
+    s.probe_width = static_cast<size_t>(width);
+    Py_RETURN_NONE;
+}
+
+// probe(seq) -> [(instruction, op, stage, stream, reached, a1)] for each instruction of
+// job seq that enqueued work (reached: 1 passed on the device, 0 not yet, -1 error;
+// a1: the event of a wait or record), or None: probes off, or the row holds another job.
+PyObject* issuer_probe(Issuer* self, PyObject* arg) {
+    uint32_t seq = static_cast<uint32_t>(PyLong_AsUnsignedLong(arg));
+    if (PyErr_Occurred()) return nullptr;
+    State& s = *self->s;
+    size_t row = seq % kProbeJobs;
+    if (!s.probe_width || s.probe_seq[row] != seq ||
+        static_cast<int32_t>(s.issued.load() - seq) < 0)
+        Py_RETURN_NONE;
+    make_current(s);
+    const std::vector<Instr>& code = s.probe_code[row];
+    PyObject* out = PyList_New(0);
+    if (!out) return nullptr;
+    for (size_t i = 0; i < code.size() && i < s.probe_width; ++i) {
+        CUstream stream = s.probe_streams[row * s.probe_width + i];
+        if (!stream) continue;
+        CUresult r = s.cuda.eventQuery(s.probe_events[row * s.probe_width + i]);
+        const Instr& in = code[i];
+        PyObject* t = Py_BuildValue("(nsLKiL)", static_cast<Py_ssize_t>(i), kOpNames[in.op],
+                                    static_cast<long long>(in.stage),
+                                    reinterpret_cast<unsigned long long>(stream),
+                                    r == 0 ? 1 : r == kNotReady ? 0 : -1,
+                                    static_cast<long long>(in.a[1]));
+        if (!t || PyList_Append(out, t) < 0) {
+            Py_XDECREF(t);
+            Py_DECREF(out);
+            return nullptr;
+        }
+        Py_DECREF(t);
+    }
+    return out;
+}
+
 PyObject* issuer_op_times(Issuer* self, PyObject* args) {
     int reset = 0;
     if (!PyArg_ParseTuple(args, "|p", &reset)) return nullptr;
@@ -912,6 +1037,10 @@ PyMethodDef issuer_methods[] = {
      "op_times(reset=False) -> {op: (instructions, host ns)} since the last reset"},
     {"events", reinterpret_cast<PyCFunction>(issuer_events), METH_O,
      "events(seq) -> (entry, done): 1 reached, 0 not yet, -1 error; None without CUDA"},
+    {"enable_probes", reinterpret_cast<PyCFunction>(issuer_enable_probes), METH_O,
+     "enable_probes(width): an event after each instruction of the last jobs (diagnosis)"},
+    {"probe", reinterpret_cast<PyCFunction>(issuer_probe), METH_O,
+     "probe(seq) -> [(instruction, op, stage, stream, reached, a1)], or None"},
     {"counters", reinterpret_cast<PyCFunction>(issuer_counters), METH_NOARGS,
      "submitted, issued, flag; the job, instruction and op the worker is at ('-': idle)"},
     {nullptr, nullptr, 0, nullptr}};

@@ -166,7 +166,8 @@ def _build_native(res: Resources, config: Config) -> None:
         wire = getattr(torch, config.wire_dtype) if config.wire_dtype else None
         try:
             res.native = native.NativeIssuer(res, wire,
-                                             inline=config.issuer != "native-async")
+                                             inline=config.issuer != "native-async",
+                                             probes=config.issue_probes)
             return
         except (RingReduceError, RuntimeError) as exc:
             why = str(exc)

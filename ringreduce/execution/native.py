@@ -124,7 +124,8 @@ class Completion:
             f"inside {c['at_op']} (instruction {c['at_instruction']} of job {c['at_job']})"
         return (f"native issuer: this call is job {self.seq}; submitted {c['submitted']}, "
                 f"issued {c['issued']}, finished on the device {c['flag']}; worker {where}; "
-                f"{self._events()}; {self.issuer.streams_busy()}")
+                f"{self._events()}; {self.issuer.streams_busy()}"
+                f"{self.issuer.probe_text(self.seq)}")
 
     def _events(self) -> str:
         """Whether the caller's stream got to this job (its entry event) and whether the
@@ -140,7 +141,8 @@ class NativeIssuer:
     """One Communicator's traced programs and the extension's Issuer that replays them
     (on the caller's thread, or on its worker thread for native-async)."""
 
-    def __init__(self, res: Any, wire: torch.dtype | None, inline: bool = True) -> None:
+    def __init__(self, res: Any, wire: torch.dtype | None, inline: bool = True,
+                 probes: int = 0) -> None:
         module, why = extension()
         if module is None:
             raise RingReduceError(why)
@@ -158,6 +160,8 @@ class NativeIssuer:
         last = self.stages[-1]
         self.worker = module.Issuer(_LIBCUDA, libnccl, res.sync.handle(last))
         self.libnccl = libnccl
+        if probes:
+            self.worker.enable_probes(probes)  # Config.issue_probes: a hang's diagnosis
         self.done = torch.cuda.Stream(res.device, priority=-1)
         self._done_handle = self.done.cuda_stream
         self._completer: queue.SimpleQueue[tuple[int, Any, torch.Tensor] | None] = \
@@ -180,6 +184,42 @@ class NativeIssuer:
         streams = dict(self.res.sync.streams) | {"done": self.done}
         busy = [name for name, stream in streams.items() if not stream.query()]
         return f"streams busy: {', '.join(busy) or 'none'}"
+
+    def probe_text(self, seq: int) -> str:
+        """With Config.issue_probes: per stream, the first instruction of job ``seq`` the
+        device has not passed, and for a wait the instruction that recorded its event,
+        e.g. "; probes: collect at #61 wait_event (recorded by #58 on reduce_scatter)".
+        "" when probes are off or the job is no longer kept."""
+        rows = self.worker.probe(seq)
+        if rows is None:
+            return ""
+        names = {s.cuda_stream: n for n, s in self.res.sync.streams.items()}
+        names[self._done_handle] = "done"
+        recorded: dict[int, tuple[int, int]] = {}  # event -> (instruction, stream)
+        stuck: dict[int, str] = {}
+        passed: dict[int, int] = {}
+        for i, op, _stage, stream, reached, a1 in rows:
+            if reached == 1:
+                passed[stream] = passed.get(stream, 0) + 1
+            elif stream not in stuck:
+                stuck[stream] = f"#{i} {op}" + self._waits_on(op, a1, recorded, names)
+            if op == "record_event":
+                recorded[a1] = (i, stream)
+        parts = [f"{names.get(h, hex(h))} at {what} ({passed.get(h, 0)} passed)"
+                 for h, what in stuck.items()]
+        return f"; probes: {'; '.join(parts) or 'every instruction passed'}"
+
+    @staticmethod
+    def _waits_on(op: str, event: int, recorded: dict[int, tuple[int, int]],
+                  names: dict[int, str]) -> str:
+        if op != "wait_event":
+            return ""
+        if event == 0:
+            return " (the entry event, on the caller's stream)"
+        if event not in recorded:
+            return " (recorded by an earlier job)"
+        i, stream = recorded[event]
+        return f" (recorded by #{i} on {names.get(stream, hex(stream))})"
 
     def warm(self, t: torch.Tensor, op: str) -> bool:
         """Whether this call may be issued natively: not the first of its kind (size,

@@ -31,8 +31,11 @@ poison the other.
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,6 +51,8 @@ from ringreduce.benchmark.launch import Launch, run_ranks
 def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_flight: int,
               machines: int | None, issuer: str, tensors: int) -> None:
     os.environ["RINGREDUCE_ISSUER"] = issuer  # read at construction
+    # The watchdog's error as soon as it fires: a hang may keep the call from raising.
+    logging.basicConfig(level=logging.WARNING, format=f"[rank {launch.rank}] %(message)s")
     comm = ringreduce.Communicator(machines=machines)
     assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
     n = 25 * 2**20 // 4
@@ -60,6 +65,7 @@ def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_f
     print(f"[async-order] rank {launch.rank} issuer={issuer}: 70 synchronous calls done",
           flush=True)
     dist.barrier()
+    report_hang(comm, launch.rank, comm.config.timeout_s + 8)
     started, outcome = time.monotonic(), "completed"
     try:
         pending = []
@@ -74,6 +80,7 @@ def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_f
                 pending.clear()
         comm.wait_idle()
         torch.cuda.synchronize(device)
+        faulthandler.cancel_dump_traceback_later()
         wrong = sum(int((y != want).sum()) for y in xs)
         outcome = f"completed, {wrong} elements wrong"
     except ringreduce.RingReduceError as exc:
@@ -83,6 +90,26 @@ def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_f
           f"in_flight={in_flight} tensors={tensors}: {outcome} after {seconds:.1f} s",
           flush=True)
     os._exit(0)  # a poisoned communicator's teardown is not what is measured here
+
+
+def report_hang(comm: ringreduce.Communicator, rank: int, after_s: float) -> None:
+    """If the phase has not ended ``after_s`` from now: every Python thread's stack
+    (faulthandler needs no GIL), then where the first unfinished native job is on the
+    device (the issue probes, RINGREDUCE_ISSUE_PROBES), whatever the watchdog did."""
+    faulthandler.dump_traceback_later(after_s + 5, exit=False)
+    native = comm._res.native
+
+    def report() -> None:
+        time.sleep(after_s)
+        if native is None:
+            return
+        from ringreduce.execution.native import Completion
+        counters = native.worker.counters()
+        first = counters["flag"] + 1
+        if first <= counters["issued"]:
+            print(f"[hang] rank {rank}: {Completion(native, first).progress()}", flush=True)
+
+    threading.Thread(target=report, daemon=True).start()
 
 
 def main() -> None:

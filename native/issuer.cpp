@@ -86,8 +86,8 @@ constexpr int kEntryRing = 256;                    // entry and done events per 
 constexpr int kMaxKernelArgs = 16;
 constexpr CUresult kNotReady = 600;                // CUDA_ERROR_NOT_READY
 // Probes (a hang's diagnosis, off unless enable_probes): an event after each instruction
-// of the last kProbeJobs jobs; enough rows for every job a deadline error may name.
-constexpr int kProbeJobs = 16;
+// of the last kProbeJobs jobs: as deep as the queue may grow, so a stuck job keeps its row.
+constexpr int kProbeJobs = kEntryRing;
 
 // ---- The instruction set (ringreduce/execution/native.py packs the same layout) --------------
 // Each instruction is 9 little-endian int64: op, stage, reloc, a0..a5. Bit i of reloc

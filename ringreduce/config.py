@@ -213,7 +213,7 @@ class Config:
     issue_probes: int = 0
     """CUDA, native issuers: a hang's diagnosis (``RINGREDUCE_ISSUE_PROBES``): record an
     event after each of a call's first N instructions, on the stream the instruction
-    enqueued on, for the last 16 calls; a deadline error then names, per stream, the
+    enqueued on, for the last 256 calls; a deadline error then names, per stream, the
     first instruction the device has not passed. 0 (the default): off. It costs about
     a microsecond of host time per instruction; a 25 MiB call at 2 x 2 has ~200."""
 

@@ -49,7 +49,9 @@ from ringreduce.benchmark.launch import Launch, run_ranks
 
 
 def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_flight: int,
-              machines: int | None, issuer: str, tensors: int) -> None:
+              machines: int | None, issuer: str, tensors: int, side_stream: bool) -> None:
+    if side_stream:  # the caller on a stream of its own, not the legacy default stream
+        torch.cuda.set_stream(torch.cuda.Stream(device))
     os.environ["RINGREDUCE_ISSUER"] = issuer  # read at construction
     # The watchdog's error as soon as it fires: a hang may keep the call from raising.
     logging.basicConfig(level=logging.WARNING, format=f"[rank {launch.rank}] %(message)s")
@@ -59,13 +61,13 @@ def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_f
     x = ((torch.arange(n, device=device) * 7) % 11 - 5).float()  # the same on every rank
     want, small = x.clone(), torch.ones(1, device=device)
     xs = [x] + [x.clone() for _ in range(tensors - 1)]
+    report_hang(comm, launch.rank, comm.config.timeout_s + 15)
     for _ in range(70):  # every staging slot position traced, issued, waited for
         comm.all_reduce(x, op=dist.ReduceOp.AVG)
     torch.cuda.synchronize(device)
     print(f"[async-order] rank {launch.rank} issuer={issuer}: 70 synchronous calls done",
           flush=True)
     dist.barrier()
-    report_hang(comm, launch.rank, comm.config.timeout_s + 8)
     started, outcome = time.monotonic(), "completed"
     try:
         pending = []
@@ -93,7 +95,7 @@ def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_f
 
 
 def report_hang(comm: ringreduce.Communicator, rank: int, after_s: float) -> None:
-    """If the phase has not ended ``after_s`` from now: every Python thread's stack
+    """If the rank has not ended ``after_s`` from now: every Python thread's stack
     (faulthandler needs no GIL), then where the first unfinished native job is on the
     device (the issue probes, RINGREDUCE_ISSUE_PROBES), whatever the watchdog did."""
     faulthandler.dump_traceback_later(after_s + 5, exit=False)
@@ -106,8 +108,8 @@ def report_hang(comm: ringreduce.Communicator, rank: int, after_s: float) -> Non
         from ringreduce.execution.native import Completion
         counters = native.worker.counters()
         first = counters["flag"] + 1
-        if first <= counters["issued"]:
-            print(f"[hang] rank {rank}: {Completion(native, first).progress()}", flush=True)
+        where = Completion(native, first).progress() if first <= counters["issued"] else ""
+        print(f"[hang] rank {rank}: {counters}; {where}", flush=True)
 
     threading.Thread(target=report, daemon=True).start()
 
@@ -123,12 +125,15 @@ def main() -> None:
                         "calls on one tensor run in order, so with 1 they do not overlap")
     p.add_argument("--issuer", choices=("native-async", "native"), default="native-async",
                    help="native: the same calls issued on the caller's thread (the control)")
+    p.add_argument("--side-stream", action="store_true",
+                   help="the caller's current stream is a created one (default: the legacy "
+                        "default stream, which orders itself against blocking streams)")
     args = p.parse_args()
     if "NCCL_HOSTID" in os.environ and "RANK" in os.environ:
         os.environ["NCCL_HOSTID"] += f"-rank{os.environ['RANK']}"  # ranks share a GPU
     run_ranks(lambda launch, device: rank_body(launch, device, args.phase, args.calls,
                                                args.in_flight, args.machines, args.issuer,
-                                               args.tensors))
+                                               args.tensors, args.side_stream))
 
 
 if __name__ == "__main__":

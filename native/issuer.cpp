@@ -563,16 +563,26 @@ void release_finished(State& s) {  // GIL held
 }
 
 // Wait (GIL released) until pred holds or timeout_s passes (< 0: forever).
+//
+// Lock order: the GIL is never requested while mu is held. Py_END_ALLOW_THREADS takes
+// the GIL back before its closing brace, so the lock lives in a scope of its own and is
+// released first. With the lock still held there, a waiter woken by its timeout sat on
+// mu waiting for the GIL while a Python thread holding the GIL (the watchdog's state(),
+// the caller's state() or error()) waited for mu: both stopped, and with them the worker
+// (it takes mu between jobs), so the peers' NCCL kernels waited for this rank's. That
+// was native-async's "device hang" (benchmarks/results/2026-11-25-h200-worker-hang).
 template <typename Pred>
 bool wait_for(State& s, double timeout_s, Pred pred) {
     bool ok;
     Py_BEGIN_ALLOW_THREADS
-    std::unique_lock<std::mutex> lock(s.mu);
-    if (timeout_s < 0) {
-        s.idle_cv.wait(lock, pred);
-        ok = true;
-    } else {
-        ok = s.idle_cv.wait_for(lock, std::chrono::duration<double>(timeout_s), pred);
+    {
+        std::unique_lock<std::mutex> lock(s.mu);
+        if (timeout_s < 0) {
+            s.idle_cv.wait(lock, pred);
+            ok = true;
+        } else {
+            ok = s.idle_cv.wait_for(lock, std::chrono::duration<double>(timeout_s), pred);
+        }
     }
     Py_END_ALLOW_THREADS
     return ok;

@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import shutil
 import struct
+import subprocess
+import sys
 import sysconfig
 import time
 from types import SimpleNamespace
@@ -376,6 +378,41 @@ def test_wait_issued_returns_once_the_worker_issued_that_job() -> None:
     assert issuer.wait_issued(second, 10.0) is True
     assert time.perf_counter() - started >= 0.15  # it waited for both jobs, in order
     issuer.close()
+
+
+_GIL_AND_LOCK = """
+import threading
+from ringreduce.execution import native
+issuer = native.extension()[0].Issuer()
+stop = False
+def waiter():  # as the completer and a synchronous caller: short timed waits
+    while not stop:
+        issuer.wait_issued(1, 0.0)
+waiting = threading.Thread(target=waiter)
+waiting.start()
+for _ in range(300_000):  # as the watchdog: state() under the GIL
+    issuer.state(1)
+stop = True
+waiting.join()
+print("no deadlock")
+"""
+
+
+@built
+def test_a_timed_wait_never_holds_the_lock_while_taking_the_gil_back() -> None:
+    """native-async's hang (benchmarks/results/2026-11-25-h200-worker-hang): a wait that
+    timed out took the GIL back still holding the issuer's lock, while a thread with the
+    GIL (the watchdog's state()) waited for that lock. On the build before the fix this
+    child deadlocked every time within a second; a child process, so a regression fails
+    this test at its timeout instead of hanging the suite."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _GIL_AND_LOCK], capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("wait_issued() and state() on two threads deadlocked (GIL against the "
+                    "issuer's lock)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no deadlock"
 
 
 @built

@@ -150,11 +150,11 @@ def measure(ways: dict[str, Callable[[], object]], calls: int, device: torch.dev
     return rows
 
 
-def profile_native(ways: dict[str, Callable[[], object]], calls: int,
-                   device: torch.device) -> dict[str, cProfile.Profile]:
-    """Where the native issuer's host time goes, on an idle pipeline."""
+def profile_native(ways: dict[str, Callable[[], object]], calls: int, device: torch.device,
+                   names: list[str]) -> dict[str, cProfile.Profile]:
+    """Where the host time of the ways ``names`` goes, on an idle pipeline."""
     profiles = {}
-    for name in [w for w in ("native sync", "native async") if w in ways]:
+    for name in [w for w in names if w in ways]:
         profile = cProfile.Profile()
         for _ in range(calls):
             torch.cuda.synchronize(device)
@@ -192,8 +192,8 @@ def report(rows: dict[str, tuple[float, ...]], profiles: dict[str, cProfile.Prof
             print(f"#   {op:<15} {n:>6.1f} instructions {us:>8.1f} us ({us / n:.2f} us each)")
     for name, profile in profiles.items():
         text = io.StringIO()
-        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(14)
-        print(f"# cProfile, {calls} {name} calls (tottime = own time, all calls):")
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(24)
+        print(f"# cProfile, {calls} {name} calls (cumulative: with callees, all calls):")
         print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
     print(f"# {torch.cuda.get_device_name(device)}, {dist.get_world_size()} ranks, {size} "
           f"bytes fp32, {calls} samples; host_idle: median host time on an idle pipeline; "
@@ -208,7 +208,7 @@ def report(rows: dict[str, tuple[float, ...]], profiles: dict[str, cProfile.Prof
 
 
 def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
-              machines: int | None, names: list[str]) -> None:
+              machines: int | None, names: list[str], profile: list[str]) -> None:
     say: Say = print if launch.rank == 0 else (lambda *a, **k: None)
     comms = build_comms(machines, names)
     say(f"# built {len(comms)} communicators", flush=True)
@@ -227,7 +227,7 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
         ways[f"{name} sync"] = lambda c=comm: c.all_reduce(x)
         ways[f"{name} async"] = lambda c=comm: c.all_reduce(next(ring), async_op=True)
     rows = measure(ways, calls, device, say)
-    profiles = profile_native(ways, calls, device)
+    profiles = profile_native(ways, calls, device, profile)
     breakdown = (native_breakdown(comms["native"], ways["native sync"], calls, device)
                  if "native" in comms else {})
     torch.cuda.synchronize(device)
@@ -247,6 +247,10 @@ def main() -> None:
                    help="also the native issuer at these slice sizes, e.g. 8M,16M")
     p.add_argument("--ways", type=lambda v: [x for x in v.split(",") if x],
                    default=list(DEFAULT_WAYS), help="comma-separated; see DEFAULT_WAYS")
+    p.add_argument("--profile", type=lambda v: [x for x in v.split(",") if x],
+                   default=["native sync", "native async"],
+                   help="ways profiled with cProfile on an idle pipeline, e.g. "
+                        "'native-async async'")
     args = p.parse_args()
     if "NCCL_HOSTID" in os.environ and "RANK" in os.environ:
         # Ranks sharing one GPU need a host id each (NCCL refuses a duplicate GPU per
@@ -254,7 +258,8 @@ def main() -> None:
         os.environ["NCCL_HOSTID"] += f"-rank{os.environ['RANK']}"
     run_ranks(lambda launch, device: rank_body(launch, device, args.size, args.calls,
                                                args.machines,
-                                               args.ways + [f"native/{x}" for x in args.slices]))
+                                               args.ways + [f"native/{x}" for x in args.slices],
+                                               args.profile))
 
 
 if __name__ == "__main__":

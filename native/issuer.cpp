@@ -63,6 +63,7 @@ struct Cuda {
                              unsigned, unsigned, CUstream, void**, void**);
     CUresult (*memcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
     CUresult (*writeValue32)(CUstream, CUdeviceptr, uint32_t, unsigned);
+    CUresult (*waitValue32)(CUstream, CUdeviceptr, uint32_t, unsigned);
     CUresult (*memHostAlloc)(void**, size_t, unsigned);
     CUresult (*memHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
     CUresult (*memFreeHost)(void*);
@@ -85,6 +86,7 @@ constexpr unsigned kHostAllocFlags = 0x1 | 0x2;    // PORTABLE | DEVICEMAP
 constexpr int kEntryRing = 256;                    // entry and done events per issuer
 constexpr int kMaxKernelArgs = 16;
 constexpr CUresult kNotReady = 600;                // CUDA_ERROR_NOT_READY
+constexpr unsigned kWaitGeq = 0x0;                 // CU_STREAM_WAIT_VALUE_GEQ (cyclic)
 // Probes (a hang's diagnosis, off unless enable_probes): an event after each instruction
 // of the last kProbeJobs jobs: as deep as the queue may grow, so a stuck job keeps its row.
 constexpr int kProbeJobs = kEntryRing;
@@ -330,6 +332,7 @@ std::string open_cuda(State& s, const char* libcuda, const char* libnccl) {
     SYM(cu, c.launchKernel, "cuLaunchKernel");
     SYM(cu, c.memcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
     SYM(cu, c.writeValue32, "cuStreamWriteValue32_v2", "cuStreamWriteValue32");
+    SYM(cu, c.waitValue32, "cuStreamWaitValue32_v2", "cuStreamWaitValue32");
     SYM(cu, c.memHostAlloc, "cuMemHostAlloc");
     SYM(cu, c.memHostGetDevicePointer, "cuMemHostGetDevicePointer_v2");
     SYM(cu, c.memFreeHost, "cuMemFreeHost");
@@ -830,6 +833,33 @@ PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+// wait_flag(stream, seq): the stream waits (on the device) until the flag reached seq:
+// job seq and every job before it finished on the flag stream, or were let go after a
+// failure (release(), write_flag_after_failure). Unlike stream_wait it needs no issued
+// job: the caller of native-async enqueues it at once and returns without waiting for
+// the worker. CU_STREAM_WAIT_VALUE_GEQ compares cyclically, (int32_t)(flag - seq) >= 0,
+// like state(). The stream then waits on work not yet enqueued, so the worker must never
+// need a context-wide synchronisation (CUDA loading a kernel lazily): native.py's warm()
+// issues every first call of a kind from Python, where nothing waits on the flag.
+PyObject* issuer_wait_flag(Issuer* self, PyObject* args) {
+    unsigned long long stream;
+    unsigned long seq_arg;
+    if (!PyArg_ParseTuple(args, "Kk", &stream, &seq_arg)) return nullptr;
+    State& s = *self->s;
+    if (!s.has_cuda) Py_RETURN_NONE;
+    make_current(s);
+    CUresult r;
+    Py_BEGIN_ALLOW_THREADS  // a full launch queue may block here, as in submit
+    r = s.cuda.waitValue32(reinterpret_cast<CUstream>(stream), s.flag_dev,
+                           static_cast<uint32_t>(seq_arg), kWaitGeq);
+    Py_END_ALLOW_THREADS
+    if (r) {
+        PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "cuStreamWaitValue32 (flag)").c_str());
+        return nullptr;
+    }
+    Py_RETURN_NONE;
+}
+
 // state(seq): 1 finished (flag reached it; CPU-only issuers: issued), 0 pending,
 // -1 failed (the worker stored an error).
 PyObject* issuer_state(Issuer* self, PyObject* arg) {
@@ -1031,6 +1061,8 @@ PyMethodDef issuer_methods[] = {
      "wait_issued(seq, timeout_s=-1) -> bool: job seq was issued (or failed)"},
     {"stream_wait", reinterpret_cast<PyCFunction>(issuer_stream_wait), METH_VARARGS,
      "stream_wait(stream, seq): the stream waits for an issued job's done event"},
+    {"wait_flag", reinterpret_cast<PyCFunction>(issuer_wait_flag), METH_VARARGS,
+     "wait_flag(stream, seq): the stream waits until the flag reached seq (queued jobs too)"},
     {"state", reinterpret_cast<PyCFunction>(issuer_state), METH_O,
      "state(seq): 1 finished, 0 pending, -1 failed"},
     {"error", reinterpret_cast<PyCFunction>(issuer_error), METH_NOARGS,

@@ -72,12 +72,12 @@ def _with_issuer(env: list[dict[str, str]], issuer: str) -> list[dict[str, str]]
     return [{**e, "RINGREDUCE_ISSUER": issuer} for e in env]
 
 
-def _async_worker(rank: int, world: int) -> None:
+def _async_worker(rank: int, world: int, issuer: str) -> None:
     """Many futures in flight, then the caller's stream works on the results without a
     host wait: fut.wait() must order it after each all-reduce."""
     dev = torch.device("cuda", torch.cuda.current_device())
     with ringreduce.Communicator(min_bytes=0) as comm, _diagnosed(comm, rank):
-        assert comm.describe().endswith("issuer=native"), comm.describe()
+        assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
         n = (6 << 20) + 5  # 24 MiB fp32: several slices and a tail
         tensors = [rank_input(rank, n, torch.float32, dev, salt=s) for s in range(12)]
         futs = [comm.all_reduce(t, async_op=True) for t in tensors]
@@ -92,10 +92,12 @@ def _async_worker(rank: int, world: int) -> None:
         assert comm.wait_idle(60.0)
 
 
+@pytest.mark.parametrize("issuer", ["native", "native-async"])
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
-def test_gpu_native_futures_order_the_callers_stream(machines: int, devices: int) -> None:
-    run_test_ranks(_async_worker, machines * devices, backend="nccl",
-                   env=_with_issuer(_env(machines, devices), "native"), timeout=HANG_S + 40)
+def test_gpu_native_futures_order_the_callers_stream(machines: int, devices: int,
+                                                     issuer: str) -> None:
+    run_test_ranks(_async_worker, machines * devices, issuer, backend="nccl",
+                   env=_with_issuer(_env(machines, devices), issuer), timeout=HANG_S + 40)
 
 
 def _issue_order_worker(rank: int, world: int) -> None:
@@ -122,7 +124,7 @@ def _issue_order_worker(rank: int, world: int) -> None:
         assert comm.wait_idle(60.0)
 
 
-@pytest.mark.parametrize("issuer", ["native", "python"])
+@pytest.mark.parametrize("issuer", ["native", "native-async", "python"])
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_calls_on_one_tensor_run_in_issue_order(machines: int, devices: int,
                                                      issuer: str) -> None:
@@ -130,10 +132,10 @@ def test_gpu_calls_on_one_tensor_run_in_issue_order(machines: int, devices: int,
                    env=_with_issuer(_env(machines, devices), issuer), timeout=HANG_S + 40)
 
 
-def _killed_worker(rank: int, world: int) -> None:
+def _killed_worker(rank: int, world: int, issuer: str) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     comm = _healthy(dev)
-    assert comm.describe().endswith("issuer=native"), comm.describe()
+    assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
     for _ in range(2):  # the next calls of this size are issued by the worker
         comm.all_reduce(torch.ones(NUMEL, device=dev))
     comm.wait_idle()
@@ -148,9 +150,10 @@ def _killed_worker(rank: int, world: int) -> None:
 
 
 @KILLED_UNDER_MPS
-def test_gpu_native_issuer_killed_peer_becomes_an_error_within_the_deadline() -> None:
-    run_test_ranks(_killed_worker, 2, backend="nccl",
-                   env=_env_with_deadline(2, 1, {"RINGREDUCE_ISSUER": "native"}), timeout=240,
+@pytest.mark.parametrize("issuer", ["native", "native-async"])
+def test_gpu_native_issuer_killed_peer_becomes_an_error_within_the_deadline(issuer: str) -> None:
+    run_test_ranks(_killed_worker, 2, issuer, backend="nccl",
+                   env=_env_with_deadline(2, 1, {"RINGREDUCE_ISSUER": issuer}), timeout=240,
                    expect_exit={1: -signal.SIGKILL})
 
 
@@ -183,7 +186,7 @@ def _sweep_worker(rank: int, world: int, issuer: str) -> None:
                             f"{issuer} wire {wire} n={n}")
 
 
-@pytest.mark.parametrize("issuer", ["native", "python"])
+@pytest.mark.parametrize("issuer", ["native", "native-async", "python"])
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_both_issuers_are_exact_on_the_sweep(machines: int, devices: int,
                                                  issuer: str) -> None:

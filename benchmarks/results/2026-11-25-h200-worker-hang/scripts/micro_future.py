@@ -31,13 +31,22 @@ def cpu_future() -> None:
 
 
 ev = torch.cuda.Event()
-print(f"Future(devices=[cuda])              {us(lambda: torch.futures.Future(devices=[dev])):8.2f} us")
+def make() -> object:
+    return torch.futures.Future(devices=[dev])
+
+
+print(f"Future(devices=[cuda])              {us(make):8.2f} us")
 print(f"  + set_result on a side stream     {us(cuda_future):8.2f} us")
 print(f"Future() CPU + set_result           {us(cpu_future):8.2f} us")
-print(f"torch.cuda.stream(side) enter/exit  {us(lambda: torch.cuda.stream(side).__enter__()):8.2f} us")
+def enter() -> None:
+    torch.cuda.stream(side).__enter__()
+
+
+print(f"torch.cuda.stream(side) enter      {us(enter):8.2f} us")
 print(f"Event().record()                    {us(lambda: torch.cuda.Event().record()):8.2f} us")
 print(f"event.record() (reused)             {us(lambda: ev.record()):8.2f} us")
 print(f"t.record_stream(side)               {us(lambda: t.record_stream(side)):8.2f} us")
-print(f"_cuda_getCurrentRawStream(0)        {us(lambda: torch._C._cuda_getCurrentRawStream(0)):8.2f} us")
+raw = torch._C._cuda_getCurrentRawStream
+print(f"_cuda_getCurrentRawStream(0)        {us(lambda: raw(0)):8.2f} us")
 print(f"is_current_stream_capturing()       {us(torch.cuda.is_current_stream_capturing):8.2f} us")
 torch.cuda.synchronize()

@@ -63,7 +63,6 @@ struct Cuda {
                              unsigned, unsigned, CUstream, void**, void**);
     CUresult (*memcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
     CUresult (*writeValue32)(CUstream, CUdeviceptr, uint32_t, unsigned);
-    CUresult (*waitValue32)(CUstream, CUdeviceptr, uint32_t, unsigned);
     CUresult (*memHostAlloc)(void**, size_t, unsigned);
     CUresult (*memHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
     CUresult (*memFreeHost)(void*);
@@ -86,7 +85,6 @@ constexpr unsigned kHostAllocFlags = 0x1 | 0x2;    // PORTABLE | DEVICEMAP
 constexpr int kEntryRing = 256;                    // entry and done events per issuer
 constexpr int kMaxKernelArgs = 16;
 constexpr CUresult kNotReady = 600;                // CUDA_ERROR_NOT_READY
-constexpr unsigned kWaitGeq = 0x0;                 // CU_STREAM_WAIT_VALUE_GEQ (cyclic)
 // Probes (a hang's diagnosis, off unless enable_probes): an event after each instruction
 // of the last kProbeJobs jobs: as deep as the queue may grow, so a stuck job keeps its row.
 constexpr int kProbeJobs = kEntryRing;
@@ -332,7 +330,6 @@ std::string open_cuda(State& s, const char* libcuda, const char* libnccl) {
     SYM(cu, c.launchKernel, "cuLaunchKernel");
     SYM(cu, c.memcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
     SYM(cu, c.writeValue32, "cuStreamWriteValue32_v2", "cuStreamWriteValue32");
-    SYM(cu, c.waitValue32, "cuStreamWaitValue32_v2", "cuStreamWaitValue32");
     SYM(cu, c.memHostAlloc, "cuMemHostAlloc");
     SYM(cu, c.memHostGetDevicePointer, "cuMemHostGetDevicePointer_v2");
     SYM(cu, c.memFreeHost, "cuMemFreeHost");
@@ -804,10 +801,10 @@ PyObject* issuer_wait_issued(Issuer* self, PyObject* args) {
 // is not enqueued yet, because a context-wide synchronisation (CUDA loading a kernel
 // lazily, a free), in any thread, would then wait for that stream, and so for the
 // worker, which may itself be the one synchronising (a deadlock, seen on H200 before
-// this rule). An event, not cuStreamWaitValue32 on the mapped flag: with device-side
-// waits on the flag, calls with futures in flight hung on H200 under MPS (2026-11-23,
-// the job issued on every rank, the flag short); event waits are what the Python
-// issuer's streams have always used. A job more than kEntryRing behind the newest
+// this rule). An event, not cuStreamWaitValue32 on the mapped flag: tried twice under
+// MPS, the flag wait hung (H200, 2026-11-23) and, after the GIL/lock fix, let futures
+// complete before their results (H100, results 2026-11-25-h200-worker-hang, run 40);
+// event waits are what the Python issuer's streams have always used. A job more than kEntryRing behind the newest
 // issued one has had its event recorded again by a later job on the same in-order
 // stream: the wait then lasts until that later job, longer but never too short.
 PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
@@ -828,33 +825,6 @@ PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
     Py_END_ALLOW_THREADS
     if (r) {
         PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "cuStreamWaitEvent (done)").c_str());
-        return nullptr;
-    }
-    Py_RETURN_NONE;
-}
-
-// wait_flag(stream, seq): the stream waits (on the device) until the flag reached seq:
-// job seq and every job before it finished on the flag stream, or were let go after a
-// failure (release(), write_flag_after_failure). Unlike stream_wait it needs no issued
-// job: the caller of native-async enqueues it at once and returns without waiting for
-// the worker. CU_STREAM_WAIT_VALUE_GEQ compares cyclically, (int32_t)(flag - seq) >= 0,
-// like state(). The stream then waits on work not yet enqueued, so the worker must never
-// need a context-wide synchronisation (CUDA loading a kernel lazily): native.py's warm()
-// issues every first call of a kind from Python, where nothing waits on the flag.
-PyObject* issuer_wait_flag(Issuer* self, PyObject* args) {
-    unsigned long long stream;
-    unsigned long seq_arg;
-    if (!PyArg_ParseTuple(args, "Kk", &stream, &seq_arg)) return nullptr;
-    State& s = *self->s;
-    if (!s.has_cuda) Py_RETURN_NONE;
-    make_current(s);
-    CUresult r;
-    Py_BEGIN_ALLOW_THREADS  // a full launch queue may block here, as in submit
-    r = s.cuda.waitValue32(reinterpret_cast<CUstream>(stream), s.flag_dev,
-                           static_cast<uint32_t>(seq_arg), kWaitGeq);
-    Py_END_ALLOW_THREADS
-    if (r) {
-        PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "cuStreamWaitValue32 (flag)").c_str());
         return nullptr;
     }
     Py_RETURN_NONE;
@@ -1061,8 +1031,6 @@ PyMethodDef issuer_methods[] = {
      "wait_issued(seq, timeout_s=-1) -> bool: job seq was issued (or failed)"},
     {"stream_wait", reinterpret_cast<PyCFunction>(issuer_stream_wait), METH_VARARGS,
      "stream_wait(stream, seq): the stream waits for an issued job's done event"},
-    {"wait_flag", reinterpret_cast<PyCFunction>(issuer_wait_flag), METH_VARARGS,
-     "wait_flag(stream, seq): the stream waits until the flag reached seq (queued jobs too)"},
     {"state", reinterpret_cast<PyCFunction>(issuer_state), METH_O,
      "state(seq): 1 finished, 0 pending, -1 failed"},
     {"error", reinterpret_cast<PyCFunction>(issuer_error), METH_NOARGS,

@@ -180,11 +180,13 @@ class Config:
     ``"python"``: the pipeline, from Python on the caller's thread. ``"native"``: the
     same calls recorded once per plan key and replayed from C++ on the caller's thread
     without the GIL (ringreduce/execution/native.py, native/issuer.cpp). ``"native-async"``
-    (experimental): replayed by a C++ worker thread while the caller returns; it hung
-    on the GPU after some dozens of calls, even synchronous ones with no other thread
-    issuing NCCL work, while the same calls issued inline passed
-    (benchmarks/results/2026-11-25-h100-engine-v2, runs 8 and 9); opt-in until that is
-    understood. ``None``: native where it can run (the
+    (opt-in): replayed by a C++ worker thread; an asynchronous call returns without
+    waiting for it (2 x 2, H100 under MPS: 278 us of host time on an idle pipeline
+    against native's 838, benchmarks/results/2026-11-25-h200-worker-hang, run 38). Its
+    old hang was a host deadlock, fixed there. Not the default: while calls are queued,
+    NCCL work the caller's thread issues itself (torch's ``dist`` calls) may hang, as
+    NCCL warns of two threads issuing on one device; DDP's hook is safe (DDP waits for
+    every bucket's Future before its own NCCL calls). ``None``: native where it can run (the
     extension is built, communicators are blocking (``nccl_blocking``), cupy imports),
     else python, with the reason logged once; an explicit native that cannot run is
     an error. Captures

@@ -240,13 +240,15 @@ class Issuer:
         """The caller's stream waits for that call's end, and for nothing issued after
         it (a later call on other tensors, e.g. the next DDP bucket, must not hold the
         caller's compute back)."""
+        caller = self.res.sync.caller()
         if isinstance(end, torch.cuda.Event):
-            self.res.sync.caller().wait_event(end)
+            caller.wait_event(end)
             return
-        native = self.res.native  # a native job: unless it finished, a device-side wait
+        native = self.res.native  # a native job: its done event, unless it finished
         assert native is not None
+        native.wait_issued(end)
         if native.worker.state(end) == 0:  # the host-visible flag: no device sync
-            native.order_after(native.caller_stream(), end)
+            native.worker.stream_wait(caller.cuda_stream, end)
 
     def _pend(self, t: torch.Tensor, end: str | int) -> None:
         """Remember the asynchronous call just issued on ``t``: a native job's number,

@@ -7,24 +7,22 @@ first time by recording.trace) and one call into ringreduce._native (native/issu
                 before the call returns. The same work, order and thread as the Python
                 issuer; only the ~100 Python calls are gone.
   native-async  Issuer.submit, opt-in: the job is queued for a worker thread (C++, no
-                GIL) and the call returns at once, synchronous or not: the stream that
-                must follow the result waits on the device for the job's flag
-                (wait_flag, cuStreamWaitValue32), so the host never waits for the
-                worker. Its long-standing "device hang" was a host deadlock between the
-                GIL and the issuer's lock (results 2026-11-25-h200-worker-hang). While
-                jobs are queued the caller's thread must not issue NCCL work of its own
+                GIL) and an asynchronous call returns without waiting for it; a
+                completer thread completes its Future once the job is issued. A
+                synchronous call still waits on the host until its job is issued. Its
+                long-standing "device hang" was a host deadlock between the GIL and the
+                issuer's lock (results 2026-11-25-h200-worker-hang, fixed there). While
+                jobs are queued, the caller's thread must not issue NCCL work of its own
                 (torch's dist calls): two threads issuing on communicators of one device
-                at once hung there, as NCCL's documentation warns; DDP's hook is safe,
-                since DDP waits for every bucket's Future before it goes on.
+                at once hung there, as NCCL's documentation warns. DDP's hook is safe:
+                DDP waits for every bucket's Future before its own NCCL calls.
 
 Either way the program records an entry event on the caller's stream first; its last
 instruction writes the call's number into a flag in host memory (what the watchdog
-polls) and records the job's done event. Inline, the stream that must follow the result
-waits for that event (the job is issued by then). Queued, it waits for the flag: a
-stream then waits on work not yet enqueued, so the worker must never need a
-context-wide synchronisation (CUDA loading a kernel lazily waits for every stream; that
-deadlocked the first GPU run): the first call of each kind runs through the Python
-issuer (warm()).
+polls) and records the job's done event, which the stream that must follow the result
+waits for, and only once the job is issued: a stream waiting on work nobody has
+enqueued yet deadlocked the first GPU run (a context-wide synchronisation, e.g. CUDA
+loading a kernel lazily, waits for that stream).
 
 The watchdog watches each call through ``Completion`` (the flag reached ``seq``), one
 per active stage as for Python-issued calls (the device does not say which stage is
@@ -38,6 +36,8 @@ so that no stream waits forever.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -166,6 +166,13 @@ class NativeIssuer:
             self.worker.enable_probes(probes)  # Config.issue_probes: a hang's diagnosis
         self.done = torch.cuda.Stream(res.device, priority=-1)
         self._done_handle = self.done.cuda_stream
+        self._completer: queue.SimpleQueue[tuple[int, Any, torch.Tensor] | None] = \
+            queue.SimpleQueue()
+        self._completer_thread: threading.Thread | None = None
+        if not inline:  # only queued jobs need someone to complete their Futures
+            self._completer_thread = threading.Thread(target=self._complete, daemon=True,
+                                                      name="ringreduce-native-futures")
+            self._completer_thread.start()
         self._index = res.device.index
         self._raw_stream = _raw_stream_lookup()
         self._programs: dict[tuple[Any, ...], tuple[Any, Cursor]] = {}
@@ -247,42 +254,69 @@ class NativeIssuer:
             entry = self._programs[key] = recording.trace(
                 self.res, self.wire, self.stages, t, op, cursor, make_ctx())
         program, after = entry
-        caller = self.caller_stream()
+        caller = self._raw_stream(self._index)
         if self.inline:  # issued before run() returns: the caller's thread is the issuer
             seq = self.worker.run(program, base, caller)
-            self._raise_if_refused(seq)  # issued by now: a refusal raises from this call
-        else:  # queued: a refusal raises from a later call, or the watchdog's
+        else:
             seq = self.worker.submit(program, base, caller)
+            if not async_op:
+                self.wait_issued(seq)  # the host waits for the issue, never for the device
+        if self.inline or not async_op:  # issued by now: a refusal raises from this call
+            self._raise_if_refused(seq)
         done = Completion(self, seq)
         ends = [(stage, done) for stage in self.stages]
         if not async_op:
-            self.order_after(caller, seq)
+            self.worker.stream_wait(caller, seq)
             return None, ends, after
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
         t.record_stream(self.done)  # the done stream is the tensor's last user here
-        self.order_after(self._done_handle, seq)
-        with torch.cuda.stream(self.done):  # the Future records its event after the wait
-            fut.set_result(t)
-        return fut, ends, after
-
-    def caller_stream(self) -> int:
-        """The caller's current stream, as a raw handle."""
-        return self._raw_stream(self._index)
-
-    def order_after(self, stream: int, seq: int) -> None:
-        """``stream`` (a raw handle) waits on the device for job ``seq``; the host never
-        waits. Issued inline: the job's done event. Queued (native-async): the flag,
-        which needs no issued job, so the caller returns before the worker gets to it."""
         if self.inline:
-            self.worker.stream_wait(stream, seq)
+            self._complete_after(seq, fut, t)
         else:
-            self.worker.wait_flag(stream, seq)
+            self._completer.put((seq, fut, t))
+        return fut, ends, after
 
     def _raise_if_refused(self, seq: int) -> None:
         """An issued job that NCCL or CUDA refused raises from its call, as Python does."""
         error = self.worker.error()
         if error is not None and error[0] <= seq:
             raise RingReduceError(self.failure_text())
+
+    def _complete_after(self, seq: int, fut: torch.futures.Future[torch.Tensor],
+                        t: torch.Tensor) -> None:
+        """Complete ``fut`` on the done stream after it waited for issued job ``seq``, so
+        ``wait()`` orders the waiter's stream after the result, not after the caller's."""
+        self.worker.stream_wait(self._done_handle, seq)
+        with torch.cuda.stream(self.done):  # the Future records its event after the wait
+            fut.set_result(t)
+
+    def wait_issued(self, seq: int) -> None:
+        while not self.worker.wait_issued(seq, _DRAIN_POLL_S):
+            if self.res.guard.failure is not None:
+                raise RingReduceError(str(self.res.guard.failure))
+
+    def _complete(self) -> None:
+        """The completer thread: completes each async call's Future once the worker has
+        issued it, on the done stream after a device wait for its done event, so ``wait()``
+        orders the caller's stream after the result. Futures of calls the worker failed
+        or never issued (a failure, close) get the RingReduceError."""
+        torch.cuda.set_device(self.res.device)
+        while True:
+            item = self._completer.get()
+            if item is None:
+                return
+            seq, fut, t = item
+            while not self.worker.wait_issued(seq, _DRAIN_POLL_S):
+                if self.res.guard.failure is not None:
+                    break
+            try:
+                if not self.worker.wait_issued(seq, 0):
+                    raise RingReduceError(self.failure_text())
+                self._raise_if_refused(seq)
+            except RingReduceError as exc:
+                fut.set_exception(exc)
+                continue
+            self._complete_after(seq, fut, t)
 
     def failure_text(self) -> str:
         error = self.worker.error()
@@ -310,5 +344,8 @@ class NativeIssuer:
         return bool(self.worker.stop(_STOP_WAIT_S))
 
     def close(self) -> None:
-        """Issue what is queued (after a failure: flags only), then end the worker."""
+        """Issue what is queued (after a failure: flags only), complete every Future."""
         self.worker.close()
+        if self._completer_thread is not None:
+            self._completer.put(None)
+            self._completer_thread.join()

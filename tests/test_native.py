@@ -219,6 +219,46 @@ def test_the_issuer_setting_is_validated_and_reported() -> None:
             "\n".join(info.lines(Config(issuer="native")))
 
 
+def test_issue_probes_are_a_validated_setting_and_inert_without_cuda(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="issue_probes=-1 must be a non-negative int"):
+        Config(issue_probes=-1)
+    monkeypatch.setenv("RINGREDUCE_ISSUE_PROBES", "512")
+    assert Config.from_env().issue_probes == 512
+    if _native is None:
+        return
+    issuer = _native.Issuer()  # no CUDA: nothing to record, nothing to report
+    issuer.enable_probes(512)
+    job = issuer.submit(_native.Program(_instr("nop", 0), b"", 0), 0, 0)
+    assert issuer.wait_issued(job, 10.0)
+    assert issuer.probe(job) is None
+    issuer.close()
+
+
+def test_probe_text_names_per_stream_the_first_instruction_not_passed() -> None:
+    """What a deadline error says with RINGREDUCE_ISSUE_PROBES set (native.py), from rows
+    as Issuer.probe returns them: (instruction, op, stage, stream, reached, a1)."""
+    collect, add, diffuse, done = 0xC0, 0xAD, 0xD1, 0xD0
+    rows = [(0, "wait_event", 0, collect, 1, 0), (1, "record_event", 0, collect, 1, 0xE1),
+            (3, "send", 0, collect, 0, 0), (4, "recv", 0, collect, 0, 0),
+            (5, "record_event", 0, collect, 0, 0xE2), (6, "wait_event", 1, add, 0, 0xE2),
+            (7, "launch", 1, add, 0, 0), (8, "wait_event", 2, diffuse, 0, 0xE9),
+            (9, "write_flag", 2, diffuse, 0, 0)]
+    streams = {name: SimpleNamespace(cuda_stream=h)
+               for name, h in (("collect", collect), ("add", add), ("diffuse", diffuse))}
+    issuer = SimpleNamespace(worker=SimpleNamespace(probe=lambda seq: rows if seq == 7 else None),
+                             res=SimpleNamespace(sync=SimpleNamespace(streams=streams)),
+                             _done_handle=done, _waits_on=native.NativeIssuer._waits_on)
+    text = native.NativeIssuer.probe_text(issuer, 7)  # type: ignore[arg-type]
+    assert text == ("; probes: collect at #3 send (2 passed); "
+                    "add at #6 wait_event (recorded by #5 on collect) (0 passed); "
+                    "diffuse at #8 wait_event (recorded by an earlier job) (0 passed)")
+    assert native.NativeIssuer.probe_text(issuer, 8) == ""  # type: ignore[arg-type]
+    rows[:] = [(0, "wait_event", 0, collect, 1, 0)]
+    assert native.NativeIssuer.probe_text(issuer, 7) == \
+        "; probes: every instruction passed"  # type: ignore[arg-type]
+
+
 def test_info_says_whether_nccl_starts_kernels_in_issue_order() -> None:
     """launch_order_implicit is in ncclConfig_t from NCCL 2.31; 2.26-2.30 read only the
     process-wide variable (torch's 2.28 ignored the config field in every device run)."""

@@ -86,7 +86,7 @@ def _async_worker(rank: int, world: int, issuer: str) -> None:
             check_equal(out, 2 * expected(world, n, torch.float32, dist.ReduceOp.SUM, dev,
                                           salt=s), f"future {s}")
         t = rank_input(rank, n, torch.bfloat16, dev)
-        comm.all_reduce(t)  # synchronous: the caller's stream waits on the device flag
+        comm.all_reduce(t)  # synchronous: the caller's stream waits for it on the device
         check_equal(t.float(), expected(world, n, torch.bfloat16, dist.ReduceOp.SUM,
                                             dev).float(), "sync bf16")
         assert comm.wait_idle(60.0)

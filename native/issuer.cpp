@@ -282,7 +282,9 @@ struct State {
     // Probes: row seq % kProbeJobs holds job seq's instructions, each with the stream it
     // enqueued on and an event recorded there right after it (NCCL calls: after their
     // group's end), so a hang names the first instruction each stream has not passed.
-    // Written by the issuing thread, read by the watchdog's only after the job was issued.
+    // Written by the issuing thread, read by the watchdog's only after the job was issued;
+    // probe_mu keeps a reader off a row the worker is reusing (256 jobs later).
+    std::mutex probe_mu;
     size_t probe_width = 0;                 // instructions per row; 0: off
     std::vector<CUevent> probe_events;      // kProbeJobs * probe_width
     std::vector<CUstream> probe_streams;    // nullptr: the instruction enqueued nothing
@@ -489,6 +491,7 @@ void run_job(State& s, const Job& job) {
     size_t row = job.seq % kProbeJobs;
     std::vector<size_t> group;
     if (s.probe_width) {
+        std::lock_guard<std::mutex> lock(s.probe_mu);
         std::fill_n(s.probe_streams.begin() + row * s.probe_width, s.probe_width, nullptr);
         s.probe_code[row] = *job.p->code;
         s.probe_seq[row] = job.seq;
@@ -804,9 +807,10 @@ PyObject* issuer_wait_issued(Issuer* self, PyObject* args) {
 // this rule). An event, not cuStreamWaitValue32 on the mapped flag: tried twice under
 // MPS, the flag wait hung (H200, 2026-11-23) and, after the GIL/lock fix, let futures
 // complete before their results (H100, results 2026-11-25-h200-worker-hang, run 40);
-// event waits are what the Python issuer's streams have always used. A job more than kEntryRing behind the newest
-// issued one has had its event recorded again by a later job on the same in-order
-// stream: the wait then lasts until that later job, longer but never too short.
+// event waits are what the Python issuer's streams have always used. A job more than
+// kEntryRing behind the newest issued one has had its event recorded again by a later
+// job on the same in-order stream: the wait then lasts until that later job, longer but
+// never too short.
 PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
     unsigned long long stream;
     unsigned long seq_arg;
@@ -973,6 +977,7 @@ PyObject* issuer_probe(Issuer* self, PyObject* arg) {
     if (PyErr_Occurred()) return nullptr;
     State& s = *self->s;
     size_t row = seq % kProbeJobs;
+    std::lock_guard<std::mutex> lock(s.probe_mu);  // the worker never waits for the GIL
     if (!s.probe_width || s.probe_seq[row] != seq ||
         static_cast<int32_t>(s.issued.load() - seq) < 0)
         Py_RETURN_NONE;

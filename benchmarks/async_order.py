@@ -11,7 +11,10 @@ peer needs. The worker (RINGREDUCE_ISSUER=native-async) issues ringreduce's jobs
 the caller's thread goes on; the tests and benchmarks that hung also made torch NCCL
 calls on the caller's thread meanwhile. Measured since (results 2026-11-25-h100-engine-v2,
 run 8): the worker hung already in the 70 synchronous warm-up calls, with no other thread
-issuing NCCL work, so that hypothesis does not explain it.
+issuing NCCL work, so that hypothesis does not explain it. Found with this script
+(results 2026-11-25-h200-worker-hang): a host deadlock between the GIL and the issuer's
+lock, fixed; since then ``alone`` completes exact, while ``mixed`` still hangs, which is
+the hypothesis above, now measured on its own.
 
 Each phase makes ``--calls`` asynchronous 25 MiB all-reduces (AVG of identical
 integers, so the tensor stays exact however often it is reduced), ``--in-flight`` at a
@@ -25,7 +28,9 @@ the calls on one tensor overlapped, and raced.
 ``--issuer native`` runs the same calls on the caller's thread, the control. Every rank
 prints one line per phase: completed (seconds), or the RingReduceError the
 watchdog raised at the deadline. One phase per process, so a failed one cannot
-poison the other.
+poison the other. A rank still running ``RINGREDUCE_TIMEOUT`` + 15 s after its start
+prints its worker's counters and where its first unfinished job is (with
+RINGREDUCE_ISSUE_PROBES, per stream), then every Python thread's stack.
 """
 
 from __future__ import annotations

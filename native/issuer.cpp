@@ -240,6 +240,7 @@ struct Job {
     uint64_t base;
     uint32_t seq;
     CUevent entry;
+    uint32_t after;  // 0, or an earlier job this one follows on the device (same memory)
 };
 
 struct Failure {
@@ -378,6 +379,12 @@ std::string execute(State& s, const Job& job, const Instr& in, const Program& p)
     case FAIL:
         return "FAIL instruction (a test's planted failure)";
     case WAIT_EVENT:
+        if (!in.a[1] && job.after && static_cast<int32_t>(*s.flag - job.after) < 0) {
+            // The entry wait also waits for the earlier job on the same memory: issued
+            // before this one (one issuing order), so its done event is recorded.
+            cr = s.cuda.streamWaitEvent(stream(0), s.dones[job.after % kEntryRing], 0);
+            if (cr) return cu_error(s, cr, "cuStreamWaitEvent (the earlier job on this memory)");
+        }
         cr = s.cuda.streamWaitEvent(stream(0), in.a[1] ? reinterpret_cast<CUevent>(in.a[1])
                                                        : job.entry, 0);
         return cr ? cu_error(s, cr, "cuStreamWaitEvent") : "";
@@ -672,16 +679,29 @@ int issuer_init(Issuer* self, PyObject* a, PyObject* kw) {
     return 0;
 }
 
-// The arguments of submit and run: (program, base, entry_stream); the Program, or
-// nullptr with the Python error set.
+// The arguments of submit and run: (program, base, entry_stream, after=0); the Program,
+// or nullptr with the Python error set. `after`: an earlier job on the same memory that
+// this one must follow on the device; its done event joins the entry wait, so the caller
+// need not wait on the host for that job to be issued (issue.py after_pending).
 const Program* job_args(const State& s, PyObject* args, PyObject** program,
-                        unsigned long long* base, unsigned long long* entry_stream) {
-    if (!PyArg_ParseTuple(args, "O!KK", &ProgramType, program, base, entry_stream))
+                        unsigned long long* base, unsigned long long* entry_stream,
+                        uint32_t* after) {
+    unsigned long after_arg = 0;
+    if (!PyArg_ParseTuple(args, "O!KK|k", &ProgramType, program, base, entry_stream,
+                          &after_arg))
         return nullptr;
     const Program* p = reinterpret_cast<Program*>(*program);
     if (p->needs_cuda && !s.has_cuda) {
         PyErr_SetString(PyExc_ValueError, "this program issues CUDA work; the Issuer was "
                                           "made without libcuda/libnccl");
+        return nullptr;
+    }
+    *after = static_cast<uint32_t>(after_arg);
+    if (*after && (after_arg > UINT32_MAX ||
+                   static_cast<int32_t>(s.submitted - *after) < 0)) {
+        PyErr_Format(PyExc_ValueError, "after=%lu is not a submitted job (the last is %lu); "
+                     "pass a number submit() or run() returned, or 0",
+                     after_arg, static_cast<unsigned long>(s.submitted));
         return nullptr;
     }
     return p;
@@ -703,12 +723,13 @@ CUresult record_entry(State& s, uint32_t seq, unsigned long long entry_stream, C
     return s.cuda.eventRecord(*entry, reinterpret_cast<CUstream>(entry_stream));
 }
 
-// submit(program, base, entry_stream) -> seq. Records the job's entry event on
+// submit(program, base, entry_stream, after=0) -> seq. Records the job's entry event on
 // entry_stream (0 is the legacy default stream, a real one) and queues the job.
 PyObject* issuer_submit(Issuer* self, PyObject* args) {
     PyObject* program;
     unsigned long long base, entry_stream;
-    const Program* p = job_args(*self->s, args, &program, &base, &entry_stream);
+    uint32_t after;
+    const Program* p = job_args(*self->s, args, &program, &base, &entry_stream, &after);
     if (!p) return nullptr;
     State& s = *self->s;
     if (s.closing) {
@@ -735,7 +756,7 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
     Py_INCREF(program);
     {
         std::lock_guard<std::mutex> lock(s.mu);
-        s.queue.push_back(Job{program, p, base, seq, entry});
+        s.queue.push_back(Job{program, p, base, seq, entry, after});
         s.submitted = seq;
     }
     s.cv.notify_one();
@@ -751,7 +772,8 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
 PyObject* issuer_run(Issuer* self, PyObject* args) {
     PyObject* program;
     unsigned long long base, entry_stream;
-    const Program* p = job_args(*self->s, args, &program, &base, &entry_stream);
+    uint32_t after;
+    const Program* p = job_args(*self->s, args, &program, &base, &entry_stream, &after);
     if (!p) return nullptr;
     State& s = *self->s;
     uint32_t seq;
@@ -769,7 +791,7 @@ PyObject* issuer_run(Issuer* self, PyObject* args) {
     CUresult r = 0;
     Py_BEGIN_ALLOW_THREADS
     if (s.has_cuda) r = record_entry(s, seq, entry_stream, &entry);
-    if (!r) run_job(s, Job{program, p, base, seq, entry});
+    if (!r) run_job(s, Job{program, p, base, seq, entry, after});
     else {
         std::lock_guard<std::mutex> lock(s.mu);
         if (!s.failure.set) s.failure = {true, seq, -1, -1, cu_error(s, r, "cuEventRecord (entry)")};
@@ -1029,9 +1051,9 @@ PyObject* issuer_op_times(Issuer* self, PyObject* args) {
 
 PyMethodDef issuer_methods[] = {
     {"submit", reinterpret_cast<PyCFunction>(issuer_submit), METH_VARARGS,
-     "submit(program, base, entry_stream) -> seq"},
+     "submit(program, base, entry_stream, after=0) -> seq (after: a job it follows)"},
     {"run", reinterpret_cast<PyCFunction>(issuer_run), METH_VARARGS,
-     "run(program, base, entry_stream) -> seq: issue the job on this thread, now"},
+     "run(program, base, entry_stream, after=0) -> seq: issue the job on this thread, now"},
     {"wait_issued", reinterpret_cast<PyCFunction>(issuer_wait_issued), METH_VARARGS,
      "wait_issued(seq, timeout_s=-1) -> bool: job seq was issued (or failed)"},
     {"stream_wait", reinterpret_cast<PyCFunction>(issuer_stream_wait), METH_VARARGS,

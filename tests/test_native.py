@@ -149,6 +149,28 @@ def test_run_issues_on_the_calling_thread_before_it_returns() -> None:
 
 
 @built
+def test_a_job_may_follow_only_a_job_already_submitted() -> None:
+    """``after`` (a job on the same memory that this one follows on the device, the
+    wait added by the issuing thread) must name a job already submitted: one issuing
+    order guarantees its done event is recorded before this job's entry wait. Anything
+    else is refused before the job is queued, and the numbering is unchanged."""
+    issuer = _native.Issuer()
+    nop = _native.Program(_instr("nop", 0), b"", 0)
+    assert issuer.submit(nop, 0, 0) == 1
+    assert issuer.submit(nop, 0, 0, 1) == 2  # follows job 1
+    issuer.drain(30.0)
+    assert issuer.run(nop, 0, 0, 2) == 3
+    for bad in (4, 99, 2**32 + 1):
+        with pytest.raises(ValueError, match=f"after={bad} is not a submitted job"):
+            issuer.submit(nop, 0, 0, bad)
+    with pytest.raises(ValueError, match=r"after=4 is not a submitted job \(the last is 3\)"):
+        issuer.run(nop, 0, 0, 4)
+    assert issuer.drain(30.0) and issuer.counters()["submitted"] == 3
+    assert issuer.error() is None
+    issuer.close()
+
+
+@built
 def test_op_times_say_where_host_time_goes_and_reset() -> None:
     """What issue 18's profile of the remaining host time reads: instructions and host
     time per kind of instruction, summed over jobs until reset."""

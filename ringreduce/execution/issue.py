@@ -98,19 +98,20 @@ class Issuer:
         """One all_reduce on CUDA: the native issuer when it takes the call, else the
         caller's capture, a graph replay, or the Python issuer, in that order."""
         capturing = torch.cuda.is_current_stream_capturing()
-        if not capturing:
-            self.after_pending(t)
         native = self.res.native
         if native is not None:  # native.py; captures and graphs stay on this thread
             if not capturing and self.res.graphs is None and t.numel() \
                     and not self.route_flat(t) and native.warm(t, op):
                 record.route = f"hierarchical ({native.mode})"
+                after = self.after_pending(t, native_jobs=True)
                 fut, ends, self.cursor = native.issue(t, op, async_op, self.cursor,
-                                                      lambda: self.ctx(record))
+                                                      lambda: self.ctx(record), after)
                 if async_op:
                     self._pend(t, ends[0][1].seq)
                 return fut, ends
             native.drain()  # Python issues next: the worker's calls must come first
+        if not capturing:
+            self.after_pending(t)
         if capturing:  # the caller's own CUDA graph
             self.res.user_captures += 1  # closing waits for it (cuda_setup.finalize)
             with self.res.sync.capturing():
@@ -221,7 +222,7 @@ class Issuer:
 
     # --- one order for calls on the same memory (CUDA) ----------------------------------
 
-    def after_pending(self, *tensors: torch.Tensor) -> None:
+    def after_pending(self, *tensors: torch.Tensor, native_jobs: bool = False) -> int:
         """The caller's stream waits for the last asynchronous call still recorded on the
         memory of ``tensors``, before this call enqueues anything: calls on one tensor
         then run in issue order, as they do on a process group's one NCCL stream. Ours
@@ -230,11 +231,21 @@ class Issuer:
         before that call's all_gather wrote it. Only overlapping calls wait: calls on
         different tensors (DDP's buckets) still overlap. This call's own end is ordered
         from here on (a synchronous call makes the caller's stream wait for it; an
-        asynchronous one records itself with _pend), so the entry goes."""
+        asynchronous one records itself with _pend), so the entry goes.
+
+        ``native_jobs``: the call is a native issuer's job, so an earlier native job on
+        the memory is returned (the last one, else 0) for the issuing thread to follow
+        on the device (native.issue's ``after``) instead of the caller's stream waiting
+        for it, which needs that job issued first: back to back, native-async's caller
+        would otherwise wait for its worker at every call on a busy tensor."""
+        after = 0
         for t in tensors:
             end = self._pending.pop(_storage(t), None)
-            if end is not None:
+            if native_jobs and isinstance(end, int):
+                after = end
+            elif end is not None:
                 self._join(end)
+        return after
 
     def _join(self, end: torch.cuda.Event | int) -> None:
         """The caller's stream waits for that call's end, and for nothing issued after

@@ -238,10 +238,13 @@ class NativeIssuer:
         return False
 
     def issue(self, t: torch.Tensor, op: str, async_op: bool, cursor: Cursor,
-              make_ctx: Callable[[], Any]) -> tuple[Any, list[tuple[str, Any]], Cursor]:
+              make_ctx: Callable[[], Any],
+              after: int = 0) -> tuple[Any, list[tuple[str, Any]], Cursor]:
         """Issue (native) or queue (native-async) one hierarchical all_reduce; returns
-        (Future or None, watchdog ends, the cursor after it). Raises at once if the
-        issuer already failed."""
+        (Future or None, watchdog ends, the cursor after it). ``after``: an earlier job
+        on the same memory that this one follows on the device (0: none); the issuing
+        thread adds the wait, so the caller never waits for that job's issue. Raises at
+        once if the issuer already failed."""
         error = self.worker.error()
         if error is not None:
             raise RingReduceError(self.failure_text())
@@ -256,9 +259,9 @@ class NativeIssuer:
         program, after = entry
         caller = self._raw_stream(self._index)
         if self.inline:  # issued before run() returns: the caller's thread is the issuer
-            seq = self.worker.run(program, base, caller)
+            seq = self.worker.run(program, base, caller, after)
         else:
-            seq = self.worker.submit(program, base, caller)
+            seq = self.worker.submit(program, base, caller, after)
             if not async_op:
                 self.wait_issued(seq)  # the host waits for the issue, never for the device
         if self.inline or not async_op:  # issued by now: a refusal raises from this call

@@ -51,17 +51,21 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def idle_host_us(call: Callable[[], object], samples: int, device: torch.device) -> float:
-    """Median host time of ``call`` with nothing queued before it."""
-    times = []
+def idle_host_us(call: Callable[[], object], samples: int,
+                 device: torch.device) -> tuple[float, float]:
+    """Medians of the host time of ``call`` with nothing queued before it, and of the
+    calling thread's own CPU time in it (what the call computes, without the time it
+    waits for the GIL, a lock, the worker or a core: the rest of the host time)."""
+    times, own = [], []
     for _ in range(samples):
         torch.cuda.synchronize(device)
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         call()
+        own.append(time.thread_time() - cpu)
         times.append(time.perf_counter() - start)
     torch.cuda.synchronize(device)
-    return statistics.median(times) * 1e6
+    return statistics.median(times) * 1e6, statistics.median(own) * 1e6
 
 
 def stream_cost(call: Callable[[], object], calls: int,
@@ -136,7 +140,8 @@ def check_exact(comms: dict[str, ringreduce.Communicator], base: torch.Tensor,
 def measure(ways: dict[str, Callable[[], object]], calls: int, device: torch.device,
             say: Say) -> dict[str, tuple[float, ...]]:
     """Warm every way (programs traced for every staging slot position), then per way:
-    (host idle us, stream host us, CPU ms per call, busy cores, wall ms per call)."""
+    (host idle us, caller's own CPU us in it, stream host us, CPU ms per call, busy
+    cores, wall ms per call)."""
     for name, call in ways.items():
         for _ in range(5 if name.startswith("nccl") else 70):  # 64 staging slots at 2 x 2
             call()
@@ -144,8 +149,7 @@ def measure(ways: dict[str, Callable[[], object]], calls: int, device: torch.dev
         say(f"# warm: {name}", flush=True)
     rows = {}
     for name, call in ways.items():
-        idle = idle_host_us(call, calls, device)
-        rows[name] = (idle, *stream_cost(call, calls, device))
+        rows[name] = (*idle_host_us(call, calls, device), *stream_cost(call, calls, device))
         say(f"# measured: {name}", flush=True)
     return rows
 
@@ -196,15 +200,16 @@ def report(rows: dict[str, tuple[float, ...]], profiles: dict[str, cProfile.Prof
         print(f"# cProfile, {calls} {name} calls (cumulative: with callees, all calls):")
         print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
     print(f"# {torch.cuda.get_device_name(device)}, {dist.get_world_size()} ranks, {size} "
-          f"bytes fp32, {calls} samples; host_idle: median host time on an idle pipeline; "
+          f"bytes fp32, {calls} samples; host_idle: median host time on an idle pipeline, "
+          f"own_cpu: the calling thread's CPU time in it (median); "
           f"stream: {calls} back-to-back calls (host per call, CPU per call, busy cores, "
           f"wall per call; speed = NCCL's wall / this way's, same mode)")
-    print(f"{'way':<20} {'host_idle_us':>13} {'stream_host_us':>15} {'cpu_ms_call':>12} "
-          f"{'busy_cores':>11} {'wall_ms_call':>13} {'speed':>6}")
-    for name, (idle, host, cpu, cores, wall) in rows.items():
-        speed = rows[f"nccl {name.rsplit(' ', 1)[1]}"][4] / wall
-        print(f"{name:<20} {idle:>13.1f} {host:>15.1f} {cpu:>12.2f} {cores:>11.2f} "
-              f"{wall:>13.2f} {speed:>6.2f}")
+    print(f"{'way':<20} {'host_idle_us':>13} {'own_cpu_us':>11} {'stream_host_us':>15} "
+          f"{'cpu_ms_call':>12} {'busy_cores':>11} {'wall_ms_call':>13} {'speed':>6}")
+    for name, (idle, own, host, cpu, cores, wall) in rows.items():
+        speed = rows[f"nccl {name.rsplit(' ', 1)[1]}"][5] / wall
+        print(f"{name:<20} {idle:>13.1f} {own:>11.1f} {host:>15.1f} {cpu:>12.2f} "
+              f"{cores:>11.2f} {wall:>13.2f} {speed:>6.2f}")
 
 
 def rank_body(launch: Launch, device: torch.device, size: int, calls: int,

@@ -53,6 +53,7 @@ class Issuer:
         """Where the next hierarchical call's slices start in the staging slot rotation."""
         self.worker = None if res.is_cuda else concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="ringreduce")
+        self._stage_peers: dict[str, tuple[int, ...]] = {}
         self._pending: dict[int, torch.cuda.Event | int] = {}
         """CUDA: memory (storage address) -> the end of the last asynchronous call on it
         off the caller's stream: an event recorded right after it, or a native job's
@@ -282,17 +283,24 @@ class Issuer:
         res = self.res
         if res.watchdog is None or torch.cuda.is_current_stream_capturing():
             return  # a captured graph's work runs at replay; events recorded now mean nothing
-        topo, done = res.topo, []
+        done = []
         for label, stream in ends:
             if not isinstance(stream, str):  # the native issuer's completion (native.py)
-                done.append((label, stream, topo.peers(label)))
+                done.append((label, stream, self._peers(label)))
                 continue
             event = torch.cuda.Event()
             event.record(res.sync.caller() if stream == CALLER
                          else res.sync.streams[stream])
-            done.append((label, event, topo.peers(stream)))
+            done.append((label, event, self._peers(stream)))
         res.watchdog.watch(record.op_number, f"{record.kind} of {record.numel} x {record.dtype}",
                            done)
+
+    def _peers(self, stage: str) -> tuple[int, ...]:
+        """Topology.peers, computed once per stage: every call names them."""
+        peers = self._stage_peers.get(stage)
+        if peers is None:
+            peers = self._stage_peers[stage] = self.res.topo.peers(stage)
+        return peers
 
     # --- CPU: run in order on one worker thread ------------------------------------------
 

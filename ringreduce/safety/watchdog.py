@@ -105,8 +105,11 @@ class Watchdog:
         """What the end-of-call check found (ranks called different operations), read
         after the completions, so a call it failed is never counted finished; the
         error names ``everyone``, the ranks that took part."""
-        self._idle_s = None if stuck_issue is None else max(poll_s, timeout_s / 4)
-        """How long an idle thread sleeps: forever, unless issues are watched too."""
+        self._idle_s = None if stuck_issue is None else poll_s
+        """How long an idle thread sleeps: forever, unless issues are watched too (CUDA:
+        the thread then polls every ``poll_s`` even when idle, so ``watch`` need not wake
+        it: a woken thread takes the GIL for a whole poll while the caller is still in
+        its call, host time the caller pays, issue 18)."""
         self._cond = threading.Condition()
         self._ops: collections.deque[_Op] = collections.deque()
         self._thread: threading.Thread | None = None
@@ -143,7 +146,8 @@ class Watchdog:
                 raise RingReduceError("the watchdog is stopped (the communicator is closed)")
             if not self._ops:
                 op.oldest_since = time.monotonic()
-                self._cond.notify_all()  # wake an idle thread; a busy one polls anyway
+                if self._idle_s is None:
+                    self._cond.notify_all()  # an idle thread sleeps until woken
             self._ops.append(op)
             self._start_locked()
 

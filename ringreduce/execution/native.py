@@ -256,7 +256,7 @@ class NativeIssuer:
                 del self._programs[next(iter(self._programs))]  # the oldest traced
             entry = self._programs[key] = recording.trace(
                 self.res, self.wire, self.stages, t, op, cursor, make_ctx())
-        program, after = entry
+        program, next_cursor = entry
         caller = self._raw_stream(self._index)
         if self.inline:  # issued before run() returns: the caller's thread is the issuer
             seq = self.worker.run(program, base, caller, after)
@@ -270,14 +270,14 @@ class NativeIssuer:
         ends = [(stage, done) for stage in self.stages]
         if not async_op:
             self.worker.stream_wait(caller, seq)
-            return None, ends, after
+            return None, ends, next_cursor
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
         t.record_stream(self.done)  # the done stream is the tensor's last user here
         if self.inline:
             self._complete_after(seq, fut, t)
         else:
             self._completer.put((seq, fut, t))
-        return fut, ends, after
+        return fut, ends, next_cursor
 
     def _raise_if_refused(self, seq: int) -> None:
         """An issued job that NCCL or CUDA refused raises from its call, as Python does."""

@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,6 +47,21 @@ BUCKETS = 8
 """Tensors the asynchronous calls go round (see rank_body)."""
 
 
+_NATIVE: list[Any] = []
+"""The native issuers of the Communicators built (build_comms), for settle."""
+
+
+def settle(device: torch.device) -> None:
+    """Until every call made so far finished on the device. torch.cuda.synchronize
+    only waits for work already enqueued: native-async's worker may still be issuing
+    queued calls, so its queue is drained first (drain() covers every issuer of the
+    process). Timing loops end here, and a way starts only once the last one is done:
+    two issuing threads at once is what the issue order forbids."""
+    for issuer in _NATIVE:
+        issuer.drain()
+    torch.cuda.synchronize(device)
+
+
 def _cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -58,13 +74,13 @@ def idle_host_us(call: Callable[[], object], samples: int,
     waits for the GIL, a lock, the worker or a core: the rest of the host time)."""
     times, own = [], []
     for _ in range(samples):
-        torch.cuda.synchronize(device)
+        settle(device)
         dist.barrier()
         start, cpu = time.perf_counter(), time.thread_time()
         call()
         own.append(time.thread_time() - cpu)
         times.append(time.perf_counter() - start)
-    torch.cuda.synchronize(device)
+    settle(device)
     return statistics.median(times) * 1e6, statistics.median(own) * 1e6
 
 
@@ -72,7 +88,7 @@ def stream_cost(call: Callable[[], object], calls: int,
                 device: torch.device) -> tuple[float, float, float, float]:
     """(host us per call, CPU ms per call, busy cores, wall ms per call) over
     back-to-back calls."""
-    torch.cuda.synchronize(device)
+    settle(device)
     dist.barrier()
     cpu, wall = _cpu_s(), time.perf_counter()
     host = 0.0
@@ -80,7 +96,7 @@ def stream_cost(call: Callable[[], object], calls: int,
         start = time.perf_counter()
         call()
         host += time.perf_counter() - start
-    torch.cuda.synchronize(device)
+    settle(device)
     cpu, wall = _cpu_s() - cpu, time.perf_counter() - wall
     return host / calls * 1e6, cpu / calls * 1e3, cpu / wall, wall / calls * 1e3
 
@@ -111,6 +127,8 @@ def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.C
         graphs = 8 if variant == "graphs" else None
         comms[way] = ringreduce.Communicator(machines=machines, slice_bytes=slice_bytes,
                                              graphs=graphs)
+        if comms[way]._res.native is not None:
+            _NATIVE.append(comms[way]._res.native)
         described = comms[way].describe()
         assert described.endswith(f"issuer={issuer}"), described
     for name in ("WAVE_GROUPS", "PAIR_COMMS", "CHECK_CALL_END", "CALL_CHECK_COMMS"):
@@ -132,7 +150,7 @@ def check_exact(comms: dict[str, ringreduce.Communicator], base: torch.Tensor,
             fut = comm.all_reduce(t, async_op=async_op)
             if fut is not None:
                 fut.wait()
-            torch.cuda.synchronize(device)
+            settle(device)
             assert torch.equal(t, reference), f"{name} async={async_op}: wrong result"
         say(f"# exact: {name} ({comm.describe()})", flush=True)
 
@@ -145,7 +163,7 @@ def measure(ways: dict[str, Callable[[], object]], calls: int, device: torch.dev
     for name, call in ways.items():
         for _ in range(5 if name.startswith("nccl") else 70):  # 64 staging slots at 2 x 2
             call()
-        torch.cuda.synchronize(device)  # one communicator's work at a time across ranks
+        settle(device)  # one communicator's work at a time across ranks
         say(f"# warm: {name}", flush=True)
     rows = {}
     for name, call in ways.items():
@@ -161,7 +179,7 @@ def profile_native(ways: dict[str, Callable[[], object]], calls: int, device: to
     for name in [w for w in names if w in ways]:
         profile = cProfile.Profile()
         for _ in range(calls):
-            torch.cuda.synchronize(device)
+            settle(device)
             dist.barrier()
             profile.enable()
             ways[name]()
@@ -179,10 +197,10 @@ def native_breakdown(comm: ringreduce.Communicator, call: Callable[[], object], 
         return {}
     worker.op_times(True)
     for _ in range(calls):
-        torch.cuda.synchronize(device)
+        settle(device)
         dist.barrier()
         call()
-    torch.cuda.synchronize(device)
+    settle(device)
     return {op: (n / calls, ns / calls / 1e3) for op, (n, ns) in worker.op_times(True).items()}
 
 
@@ -235,7 +253,7 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
     profiles = profile_native(ways, calls, device, profile)
     breakdown = (native_breakdown(comms["native"], ways["native sync"], calls, device)
                  if "native" in comms else {})
-    torch.cuda.synchronize(device)
+    settle(device)
     for comm in comms.values():
         comm.wait_idle()
         comm.close()

@@ -241,6 +241,55 @@ struct Job {
     uint32_t seq;
     CUevent entry;
     uint32_t after;  // 0, or an earlier job this one follows on the device (same memory)
+    uint64_t ticket;  // its place in the process's one issue order (Order)
+};
+
+// ---- One issue order per process --------------------------------------------------
+// Every Issuer of the process (one per Communicator) issues its jobs in the order they
+// were submitted or run, across Issuers: a job waits for its ticket. NCCL kernels of
+// different communicators on one device must reach it in one order on every rank, or
+// each rank's kernels wait for peers' kernels queued behind others (a deadlock): two
+// native-async Communicators, each worker issuing on its own, hung at 2x2 (results
+// 2026-11-25-gpu-caller-time, run 41). Callers make their calls in one order on every
+// rank (the collective contract), so tickets taken in call order give one issue order.
+// Fairring has one worker per device for the same reason. Never destroyed: worker
+// threads may still touch it while the process exits.
+struct Order {
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t next = 0;     // the ticket the next job takes
+    uint64_t serving = 0;  // the ticket whose job may issue now
+};
+
+Order& order() {
+    static Order* o = new Order();
+    return *o;
+}
+
+uint64_t take_ticket() {
+    std::lock_guard<std::mutex> lock(order().mu);
+    return order().next++;
+}
+
+// The job holding `ticket` may issue once every earlier ticket was served; the turn ends
+// (the next ticket is served) when this object goes, whatever the job did.
+class Turn {
+  public:
+    explicit Turn(uint64_t ticket) {
+        Order& o = order();
+        std::unique_lock<std::mutex> lock(o.mu);
+        o.cv.wait(lock, [&] { return o.serving == ticket; });
+    }
+    ~Turn() {
+        Order& o = order();
+        {
+            std::lock_guard<std::mutex> lock(o.mu);
+            ++o.serving;
+        }
+        o.cv.notify_all();
+    }
+    Turn(const Turn&) = delete;
+    Turn& operator=(const Turn&) = delete;
 };
 
 struct Failure {
@@ -549,12 +598,17 @@ void worker_main(State* s) {
         if (s->queue.empty()) return;  // closing, and everything was issued
         Job job = s->queue.front();
         lock.unlock();
-        run_job(*s, job);
-        lock.lock();
-        s->queue.pop_front();
-        s->finished.push_back(job.program);
-        s->issued.store(job.seq);
+        {
+            Turn turn(job.ticket);
+            run_job(*s, job);
+            lock.lock();  // counted issued before the next ticket is served (drain)
+            s->queue.pop_front();
+            s->finished.push_back(job.program);
+            s->issued.store(job.seq);
+            lock.unlock();
+        }
         s->idle_cv.notify_all();
+        lock.lock();
     }
 }
 
@@ -756,7 +810,7 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
     Py_INCREF(program);
     {
         std::lock_guard<std::mutex> lock(s.mu);
-        s.queue.push_back(Job{program, p, base, seq, entry, after});
+        s.queue.push_back(Job{program, p, base, seq, entry, after, take_ticket()});
         s.submitted = seq;
     }
     s.cv.notify_one();
@@ -777,6 +831,7 @@ PyObject* issuer_run(Issuer* self, PyObject* args) {
     if (!p) return nullptr;
     State& s = *self->s;
     uint32_t seq;
+    uint64_t ticket;
     {
         std::lock_guard<std::mutex> lock(s.mu);
         if (s.closing || s.submitted != s.issued.load()) {
@@ -786,23 +841,25 @@ PyObject* issuer_run(Issuer* self, PyObject* args) {
         }
         seq = s.submitted + 1;
         s.submitted = seq;  // claimed: a submit from another thread now queues behind it
+        ticket = take_ticket();
     }
     CUevent entry = nullptr;
     CUresult r = 0;
     Py_BEGIN_ALLOW_THREADS
-    if (s.has_cuda) r = record_entry(s, seq, entry_stream, &entry);
-    if (!r) run_job(s, Job{program, p, base, seq, entry, after});
-    else {
-        std::lock_guard<std::mutex> lock(s.mu);
-        if (!s.failure.set) s.failure = {true, seq, -1, -1, cu_error(s, r, "cuEventRecord (entry)")};
-        s.failed.store(true);
-        write_flag_after_failure(s, seq);
-    }
-    Py_END_ALLOW_THREADS
     {
-        std::lock_guard<std::mutex> lock(s.mu);
+        Turn turn(ticket);  // after every job other Issuers were given before this one
+        if (s.has_cuda) r = record_entry(s, seq, entry_stream, &entry);
+        if (!r) run_job(s, Job{program, p, base, seq, entry, after, ticket});
+        else {
+            std::lock_guard<std::mutex> lock(s.mu);
+            if (!s.failure.set) s.failure = {true, seq, -1, -1, cu_error(s, r, "cuEventRecord (entry)")};
+            s.failed.store(true);
+            write_flag_after_failure(s, seq);
+        }
+        std::lock_guard<std::mutex> lock(s.mu);  // issued before the next ticket is served
         s.issued.store(seq);
     }
+    Py_END_ALLOW_THREADS
     s.idle_cv.notify_all();
     return PyLong_FromUnsignedLong(seq);
 }
@@ -879,14 +936,28 @@ PyObject* issuer_error(Issuer* self, PyObject*) {
                          static_cast<long long>(s.failure.index), s.failure.message.c_str());
 }
 
+// drain(timeout_s=-1) -> bool: every job submitted so far, by any Issuer of the process,
+// was issued (one issue order: work the caller issues itself next comes after all of
+// them); False if timeout_s passed first. GIL released while waiting.
 PyObject* issuer_drain(Issuer* self, PyObject* args) {
     double timeout_s = -1;
     if (!PyArg_ParseTuple(args, "|d", &timeout_s)) return nullptr;
     State& s = *self->s;
-    uint32_t target = s.submitted;
-    bool ok = wait_for(s, timeout_s, [&] {
-        return static_cast<int32_t>(s.issued.load() - target) >= 0;
-    });
+    Order& o = order();
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS
+    {
+        std::unique_lock<std::mutex> lock(o.mu);
+        uint64_t target = o.next;
+        auto served = [&] { return o.serving >= target; };
+        if (timeout_s < 0) {
+            o.cv.wait(lock, served);
+            ok = true;
+        } else {
+            ok = o.cv.wait_for(lock, std::chrono::duration<double>(timeout_s), served);
+        }
+    }
+    Py_END_ALLOW_THREADS
     release_finished(s);
     return PyBool_FromLong(ok);
 }
@@ -1063,7 +1134,7 @@ PyMethodDef issuer_methods[] = {
     {"error", reinterpret_cast<PyCFunction>(issuer_error), METH_NOARGS,
      "None, or (seq, stage, instruction, message) of the first failure"},
     {"drain", reinterpret_cast<PyCFunction>(issuer_drain), METH_VARARGS,
-     "drain(timeout_s=-1): wait until every submitted job was issued"},
+     "drain(timeout_s=-1) -> bool: every job submitted so far, by any Issuer, was issued"},
     {"stop", reinterpret_cast<PyCFunction>(issuer_stop), METH_VARARGS,
      "stop(timeout_s=2): issue nothing more; True once the worker is outside CUDA/NCCL"},
     {"release", reinterpret_cast<PyCFunction>(issuer_release), METH_NOARGS,

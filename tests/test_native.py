@@ -171,6 +171,33 @@ def test_a_job_may_follow_only_a_job_already_submitted() -> None:
 
 
 @built
+def test_issuers_of_one_process_issue_in_one_order() -> None:
+    """Jobs of different Issuers (Communicators) are issued in the order they were
+    submitted or run, across Issuers: NCCL kernels of different communicators must
+    reach the device in one order on every rank. A later Issuer's job waits for an
+    earlier one's; drain() on any Issuer waits for every Issuer's jobs."""
+    first, second = _native.Issuer(), _native.Issuer()
+    slow = _native.Program(_instr("nop", 100 * NOP_US), b"", 0)  # 200 ms
+    quick = _native.Program(_instr("nop", 0), b"", 0)
+    started = time.perf_counter()
+    first.submit(slow, 0, 0)
+    second.submit(quick, 0, 0)
+    time.sleep(0.05)
+    assert second.counters()["issued"] == 0, "the later job overtook the earlier Issuer's"
+    assert not second.drain(0.01), "drain() returned while another Issuer's job is queued"
+    assert second.drain(30.0) and first.counters()["issued"] == 1
+    assert second.counters()["issued"] == 1
+    assert time.perf_counter() - started >= 100 * NOP_US / 1e6
+    first.submit(slow, 0, 0)
+    began = time.perf_counter()
+    assert second.run(quick, 0, 0) == 2  # inline, yet after the earlier queued job
+    assert time.perf_counter() - began >= 0.9 * 100 * NOP_US / 1e6
+    assert first.counters()["issued"] == 2
+    first.close()
+    second.close()
+
+
+@built
 def test_op_times_say_where_host_time_goes_and_reset() -> None:
     """What issue 18's profile of the remaining host time reads: instructions and host
     time per kind of instruction, summed over jobs until reset."""

@@ -9,13 +9,22 @@ first time by recording.trace) and one call into ringreduce._native (native/issu
   native-async  Issuer.submit, opt-in: the job is queued for a worker thread (C++, no
                 GIL) and an asynchronous call returns without waiting for it; a
                 completer thread completes its Future once the job is issued. A
-                synchronous call still waits on the host until its job is issued. Its
-                long-standing "device hang" was a host deadlock between the GIL and the
-                issuer's lock (results 2026-11-25-h200-worker-hang, fixed there). While
-                jobs are queued, the caller's thread must not issue NCCL work of its own
-                (torch's dist calls): two threads issuing on communicators of one device
-                at once hung there, as NCCL's documentation warns. DDP's hook is safe:
-                DDP waits for every bucket's Future before its own NCCL calls.
+                synchronous call still waits on the host until its job is issued. A
+                call on memory an earlier queued call still uses follows it on the
+                device (``after``: the worker adds the wait), so the caller never waits
+                for the worker then either. Its long-standing "device hang" was a host
+                deadlock between the GIL and the issuer's lock (results
+                2026-11-25-h200-worker-hang, fixed there). While jobs are queued, the
+                caller's thread must not issue NCCL work of its own (torch's dist
+                calls): two threads issuing on communicators of one device at once hung
+                there. DDP's hook is safe: DDP waits for every bucket's Future before
+                its own NCCL calls.
+
+Every Issuer of the process issues in one order, the order of the calls (a ticket per
+job, native/issuer.cpp ``Order``), whichever thread issues: two native-async
+Communicators whose workers issued independently hung at 2x2 (results
+2026-11-25-gpu-caller-time, run 41). ``drain`` waits for every Issuer's queue, so work
+the caller issues from Python comes after all of it.
 
 Either way the program records an entry event on the caller's stream first; its last
 instruction writes the call's number into a flag in host memory (what the watchdog

@@ -132,6 +132,38 @@ def test_gpu_calls_on_one_tensor_run_in_issue_order(machines: int, devices: int,
                    env=_with_issuer(_env(machines, devices), issuer), timeout=HANG_S + 40)
 
 
+def _two_communicators_worker(rank: int, world: int) -> None:
+    """Two native-async Communicators with calls queued on both at once: their workers
+    issue in the one order of the calls (issuer.cpp's tickets). Issued independently,
+    each rank's NCCL kernels of the two reached the device in different orders and
+    waited for each other: a hang at 2x2 (results 2026-11-25-gpu-caller-time, run 41)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    n = (3 << 20) + 7  # several 4 MiB slices
+    with ringreduce.Communicator(min_bytes=0) as first, \
+            ringreduce.Communicator(min_bytes=0, slice_bytes=8 << 20) as second, \
+            _diagnosed(first, rank):
+        for comm in (first, second):
+            assert comm.describe().endswith("issuer=native-async"), comm.describe()
+            comm.all_reduce(rank_input(rank, n, torch.float32, dev))  # traced: issued from Python
+        for round_ in range(3):
+            tensors = [rank_input(rank, n, torch.float32, dev, salt=s) for s in range(8)]
+            futs = [(first if s % 2 else second).all_reduce(t, async_op=True)
+                    for s, t in enumerate(tensors)]
+            for s, (t, fut) in enumerate(zip(tensors, futs, strict=True)):
+                fut.wait()
+                check_equal(t, expected(world, n, torch.float32, dist.ReduceOp.SUM, dev,
+                                        salt=s), f"round {round_}, call {s}")
+        assert first.wait_idle(60.0) and second.wait_idle(60.0)
+
+
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_two_native_async_communicators_issue_in_one_order(machines: int,
+                                                               devices: int) -> None:
+    run_test_ranks(_two_communicators_worker, machines * devices, backend="nccl",
+                   env=_with_issuer(_env(machines, devices), "native-async"),
+                   timeout=HANG_S + 40)
+
+
 def _killed_worker(rank: int, world: int, issuer: str) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     comm = _healthy(dev)

@@ -250,7 +250,7 @@ struct Job {
 // different communicators on one device must reach it in one order on every rank, or
 // each rank's kernels wait for peers' kernels queued behind others (a deadlock): two
 // native-async Communicators, each worker issuing on its own, hung at 2x2 (results
-// 2026-11-25-gpu-caller-time, run 41). Callers make their calls in one order on every
+// 2026-11-25-h100-caller-time, run 41). Callers make their calls in one order on every
 // rank (the collective contract), so tickets taken in call order give one issue order.
 // Fairring has one worker per device for the same reason. Never destroyed: worker
 // threads may still touch it while the process exits.

@@ -136,7 +136,7 @@ def _two_communicators_worker(rank: int, world: int) -> None:
     """Two native-async Communicators with calls queued on both at once: their workers
     issue in the one order of the calls (issuer.cpp's tickets). Issued independently,
     each rank's NCCL kernels of the two reached the device in different orders and
-    waited for each other: a hang at 2x2 (results 2026-11-25-gpu-caller-time, run 41)."""
+    waited for each other: a hang at 2x2 (results 2026-11-25-h100-caller-time, run 41)."""
     dev = torch.device("cuda", torch.cuda.current_device())
     n = (3 << 20) + 7  # several 4 MiB slices
     with ringreduce.Communicator(min_bytes=0) as first, \

@@ -23,7 +23,7 @@ first time by recording.trace) and one call into ringreduce._native (native/issu
 Every Issuer of the process issues in one order, the order of the calls (a ticket per
 job, native/issuer.cpp ``Order``), whichever thread issues: two native-async
 Communicators whose workers issued independently hung at 2x2 (results
-2026-11-25-gpu-caller-time, run 41). ``drain`` waits for every Issuer's queue, so work
+2026-11-25-h100-caller-time, run 41). ``drain`` waits for every Issuer's queue, so work
 the caller issues from Python comes after all of it.
 
 Either way the program records an entry event on the caller's stream first; its last

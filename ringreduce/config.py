@@ -181,9 +181,11 @@ class Config:
     same calls recorded once per plan key and replayed from C++ on the caller's thread
     without the GIL (ringreduce/execution/native.py, native/issuer.cpp). ``"native-async"``
     (opt-in): replayed by a C++ worker thread; an asynchronous call returns without
-    waiting for it (2 x 2, H100 under MPS: 278 us of host time on an idle pipeline
-    against native's 838, benchmarks/results/2026-11-25-h200-worker-hang, run 38). Its
-    old hang was a host deadlock, fixed there. Not the default: while calls are queued,
+    waiting for it, nor for earlier calls on the same tensor (2 x 2, H100 under MPS: 229
+    us of host time on an idle pipeline and 84 back to back, against native's 874 and
+    607, benchmarks/results/2026-11-25-h100-caller-time, run 42). Its old hang was a host
+    deadlock (results 2026-11-25-h200-worker-hang); the native issuers of a process issue
+    in one order, that of the calls. Not the default: while calls are queued,
     NCCL work the caller's thread issues itself (torch's ``dist`` calls) may hang, as
     NCCL warns of two threads issuing on one device; DDP's hook is safe (DDP waits for
     every bucket's Future before its own NCCL calls). ``None``: native where it can run (the

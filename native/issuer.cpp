@@ -885,8 +885,10 @@ PyObject* issuer_wait_issued(Issuer* self, PyObject* args) {
 // worker, which may itself be the one synchronising (a deadlock, seen on H200 before
 // this rule). An event, not cuStreamWaitValue32 on the mapped flag: tried twice under
 // MPS, the flag wait hung (H200, 2026-11-23) and, after the GIL/lock fix, let futures
-// complete before their results (H100, results 2026-11-25-h200-worker-hang, run 40);
-// event waits are what the Python issuer's streams have always used. A job more than
+// complete before their results (H100, results 2026-11-25-h200-worker-hang, run 40), as
+// CUDA's driver API warns: orderings made through stream memory operations are not
+// visible to CUDA and must also be expressed with events. Event waits are what the
+// Python issuer's streams have always used. A job more than
 // kEntryRing behind the newest issued one has had its event recorded again by a later
 // job on the same in-order stream: the wait then lasts until that later job, longer but
 // never too short.

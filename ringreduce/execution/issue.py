@@ -281,8 +281,14 @@ class Issuer:
         """Hand the issued call to the watchdog: one fresh event per stream it used
         (stage label, stream), recorded after its last work there."""
         res = self.res
-        if res.watchdog is None or torch.cuda.is_current_stream_capturing():
-            return  # a captured graph's work runs at replay; events recorded now mean nothing
+        if res.watchdog is None:
+            return
+        # A native call is never captured and records nothing here, so it asks CUDA
+        # nothing (the worker may hold the driver's locks now). Another call may be
+        # inside a capture, whose work runs at replay: events recorded now mean nothing.
+        native = all(not isinstance(stream, str) for _, stream in ends)
+        if not native and torch.cuda.is_current_stream_capturing():
+            return
         done = []
         for label, stream in ends:
             if not isinstance(stream, str):  # the native issuer's completion (native.py)

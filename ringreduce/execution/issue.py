@@ -284,8 +284,8 @@ class Issuer:
         if res.watchdog is None:
             return
         # A native call is never captured and records nothing here, so it asks CUDA
-        # nothing (the worker may hold the driver's locks now). Another call may be
-        # inside a capture, whose work runs at replay: events recorded now mean nothing.
+        # nothing. Another call may be inside a capture, whose work runs at replay:
+        # events recorded now would mean nothing.
         native = all(not isinstance(stream, str) for _, stream in ends)
         if not native and torch.cuda.is_current_stream_capturing():
             return

@@ -267,10 +267,6 @@ class NativeIssuer:
                 self.res, self.wire, self.stages, t, op, cursor, make_ctx())
         program, next_cursor = entry
         caller = self._raw_stream(self._index)
-        fut: torch.futures.Future[torch.Tensor] | None = None
-        if async_op:  # made before the job goes: once the worker issues, CUDA calls
-            fut = torch.futures.Future(devices=[t.device])  # here share its driver locks
-            t.record_stream(self.done)  # the done stream is the tensor's last user here
         if self.inline:  # issued before run() returns: the caller's thread is the issuer
             seq = self.worker.run(program, base, caller, after)
         else:
@@ -281,9 +277,11 @@ class NativeIssuer:
             self._raise_if_refused(seq)
         done = Completion(self, seq)
         ends = [(stage, done) for stage in self.stages]
-        if fut is None:
+        if not async_op:
             self.worker.stream_wait(caller, seq)
             return None, ends, next_cursor
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
+        t.record_stream(self.done)  # the done stream is the tensor's last user here
         if self.inline:
             self._complete_after(seq, fut, t)
         else:

@@ -636,20 +636,26 @@ void release_finished(State& s) {  // GIL held
 // (it takes mu between jobs), so the peers' NCCL kernels waited for this rank's. That
 // was native-async's "device hang" (benchmarks/results/2026-11-25-h200-worker-hang).
 template <typename Pred>
-bool wait_for(State& s, double timeout_s, Pred pred) {
+bool wait_for(std::mutex& mu, std::condition_variable& cv, double timeout_s, Pred pred) {
     bool ok;
     Py_BEGIN_ALLOW_THREADS
     {
-        std::unique_lock<std::mutex> lock(s.mu);
+        std::unique_lock<std::mutex> lock(mu);
         if (timeout_s < 0) {
-            s.idle_cv.wait(lock, pred);
+            cv.wait(lock, pred);
             ok = true;
         } else {
-            ok = s.idle_cv.wait_for(lock, std::chrono::duration<double>(timeout_s), pred);
+            ok = cv.wait_for(lock, std::chrono::duration<double>(timeout_s), pred);
         }
     }
     Py_END_ALLOW_THREADS
     return ok;
+}
+
+// The same on the issuer's own lock: until a job of this Issuer was issued.
+template <typename Pred>
+bool wait_for(State& s, double timeout_s, Pred pred) {
+    return wait_for(s.mu, s.idle_cv, timeout_s, pred);
 }
 
 void shutdown(State& s) {
@@ -946,20 +952,12 @@ PyObject* issuer_drain(Issuer* self, PyObject* args) {
     if (!PyArg_ParseTuple(args, "|d", &timeout_s)) return nullptr;
     State& s = *self->s;
     Order& o = order();
-    bool ok;
-    Py_BEGIN_ALLOW_THREADS
+    uint64_t target;
     {
-        std::unique_lock<std::mutex> lock(o.mu);
-        uint64_t target = o.next;
-        auto served = [&] { return o.serving >= target; };
-        if (timeout_s < 0) {
-            o.cv.wait(lock, served);
-            ok = true;
-        } else {
-            ok = o.cv.wait_for(lock, std::chrono::duration<double>(timeout_s), served);
-        }
+        std::lock_guard<std::mutex> lock(o.mu);
+        target = o.next;
     }
-    Py_END_ALLOW_THREADS
+    bool ok = wait_for(o.mu, o.cv, timeout_s, [&] { return o.serving >= target; });
     release_finished(s);
     return PyBool_FromLong(ok);
 }

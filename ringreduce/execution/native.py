@@ -341,10 +341,11 @@ class NativeIssuer:
                                self.topo.peers(stage), message))
 
     def drain(self) -> None:
-        """Before Python issues CUDA work itself: the worker must have issued all it was
-        given (host-side; nothing waits for the device), so that NCCL calls and events
-        keep one order. A worker stuck inside NCCL (a dead peer) is the watchdog's to
-        end: this wait ends with its error rather than outliving it."""
+        """Before Python issues CUDA work itself: every native issuer of the process must
+        have issued all it was given (host-side; nothing waits for the device), so that
+        NCCL calls and events keep one order. A worker stuck inside NCCL (a dead peer) is
+        its watchdog's to end: this wait ends with this communicator's error rather than
+        outliving it."""
         while not self.worker.drain(_DRAIN_POLL_S):
             if self.res.guard.failure is not None:
                 raise RingReduceError(str(self.res.guard.failure))

@@ -1,9 +1,19 @@
-"""A small DLRM trained with DDP three ways: NCCL, ringreduce's comm hook, and the
+"""Two DDP workloads trained three ways: NCCL, ringreduce's comm hook, and the
 "ringreduce" torch.distributed backend; loss curves and samples/s side by side.
 
-The model and data (dlrm_model.py): 8 embedding tables x 125,000 rows x 32 by default,
-128 MB of fp32 embedding gradients, so the all-reduce, not the arithmetic, sets the step
-time; every mode trains a model built from the same seed on the same batches.
+The workloads (``--model``); every mode trains a model built from the same seed on the
+same batches:
+  dlrm         (the default; dlrm_model.py) 8 embedding tables x 125,000 rows x 32,
+               128 MB of fp32 embedding gradients in a few large buckets, so the
+               all-reduce's bandwidth, not the arithmetic, sets the step time
+  transformer  (transformer_model.py) a decoder-only language model, 24 blocks x width
+               512 by default (320 MB of gradients, six weight matrices a block): with
+               many blocks DDP calls the all-reduce over a hundred times a step, so its
+               per-call host time shows (the table's calls/step: 146 for 48 x 512 at
+               4 MB buckets, 74 for 24 x 512). Buckets below ``min_bytes`` (2 MiB by
+               default) take NCCL's own all-reduce (the documented fast path), so keep
+               ``--bucket-mb`` at 4 or more for the hierarchy to serve them
+Samples are DLRM samples or transformer sequences (``--seq`` tokens each).
 
 Modes (``--modes``, run one after another in one process lifetime):
   nccl     plain DDP on the process group's own backend (NCCL; gloo with --device cpu)
@@ -16,12 +26,18 @@ otherwise the default group is plain NCCL/gloo and serves them directly. The bac
 engine takes no arguments, so ``--machines``/``--min-bytes`` reach it as
 RINGREDUCE_MACHINES/RINGREDUCE_MIN_BYTES (the hook's Communicator gets them directly).
 Timing: steps after ``--warmup``, host clock between two device synchronisations;
-samples/s counts the global batch; the slowest rank's time counts.
+samples/s counts the global batch; the slowest rank's time counts. calls/step counts
+the engine's calls in the timed steps only: DDP reduces the first step in one bucket
+and buckets by ``--bucket-mb`` from the second step on.
 
     torchrun --nproc-per-node 4 benchmarks/dlrm.py --modes nccl,hook,backend --json d.json
+    torchrun --nproc-per-node 4 benchmarks/dlrm.py --model transformer --layers 48 \\
+        --width 512 --bucket-mb 4 --modes nccl,hook,backend
     python benchmarks/emulate.py --machines 2 --gpus-per-machine 2 --physical-gpus 2 \\
         --script benchmarks/dlrm.py -- --modes nccl,hook,backend --plot dlrm.png
     python benchmarks/dlrm.py --device cpu --rows 2000 --batch 64 --steps 12 --warmup 2
+    python benchmarks/dlrm.py --device cpu --model transformer --layers 2 --width 64 \\
+        --steps 12 --warmup 2
 """
 
 from __future__ import annotations
@@ -34,6 +50,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,26 +61,87 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import ringreduce
 
 from ..integrations.backend import RingReduceGroup
-from .dlrm_model import Batch, Spec, build_model, grad_bytes, make_batches
+from . import dlrm_model, transformer_model
+from .dlrm_model import Spec
 from .launch import Launch, detect, nccl_variables, run_ranks
+from .transformer_model import TransformerSpec
 
 MODES = ("nccl", "hook", "backend")
+MODELS = ("dlrm", "transformer")
+# Per-rank batch (samples or sequences) and SGD learning rate where Options gets 0.
+# DLRM: 2048 samples keep the step's arithmetic small next to its 128 MB all-reduce; lr
+# 0.1 barely moves its loss in 60 steps. Transformer: 8 x 128 tokens keep a 24 x 512
+# step's arithmetic short, so its 100+ all-reduce calls are a visible share of the step;
+# lr 0.5 (measured on CPU, 24 x 512, 32 x 128 tokens a step, 12 steps) takes the loss
+# from 8.41 to 8.20 where 0.1 reaches 8.27; 2.0 diverges.
+DEFAULT_BATCH = {"dlrm": 2048, "transformer": 8}
+DEFAULT_LR = {"dlrm": 0.5, "transformer": 0.5}
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """One run; the same on every rank."""
+    """One run; the same on every rank. ``spec`` shapes the dlrm model, ``transformer``
+    the transformer; ``batch`` and ``lr`` left at 0 become the model's defaults."""
 
     modes: tuple[str, ...] = MODES
     spec: Spec = dataclasses.field(default_factory=Spec)
-    batch: int = 2048  # per rank
+    batch: int = 0  # per rank; 0: DEFAULT_BATCH[model]
     steps: int = 60
     warmup: int = 10
-    lr: float = 0.5  # plain SGD; 0.1 barely moves the loss in 60 steps
+    lr: float = 0.0  # plain SGD; 0: DEFAULT_LR[model]
     seed: int = 0
     bucket_mb: float = 25.0  # DDP's default bucket cap
     machines: int | None = None  # Communicator(machines=...); None: from host ids
     min_bytes: int | None = None  # Communicator(min_bytes=...); None: its default
+    model: str = "dlrm"
+    transformer: TransformerSpec = dataclasses.field(default_factory=TransformerSpec)
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"Options(model={self.model!r}): use one of {', '.join(MODELS)}")
+        if self.batch < 0 or self.lr < 0:
+            raise ValueError(f"Options(batch={self.batch}, lr={self.lr}): need batch >= 0 "
+                             "and lr >= 0 (0: the model's default)")
+        # Frozen: the defaults are filled in once, here, so every reader sees real values.
+        if self.batch == 0:
+            object.__setattr__(self, "batch", DEFAULT_BATCH[self.model])
+        if self.lr == 0:
+            object.__setattr__(self, "lr", DEFAULT_LR[self.model])
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What training needs of a model: a fresh one from a seed, this rank's batches
+    (made before timing), and one batch's loss through the DDP-wrapped model."""
+
+    build: Callable[[int], nn.Module]  # seed -> the model, on the CPU
+    # (steps, batch, seed, rank, device) -> every step's batch
+    batches: Callable[[int, int, int, int, torch.device], list[Any]]
+    loss: Callable[[nn.Module, Any], torch.Tensor]
+    grad_bytes: int  # fp32 gradient bytes per step
+    shape: str  # for describe()
+
+
+def dlrm_loss(model: nn.Module, batch: dlrm_model.Batch) -> torch.Tensor:
+    """Mean binary cross-entropy of the click logits."""
+    dense, ids, labels = batch
+    return nn.functional.binary_cross_entropy_with_logits(model(dense, ids), labels)
+
+
+def workload(opts: Options) -> Workload:
+    """``opts.model``'s model, batches and loss, shaped by its spec in ``opts``."""
+    if opts.model == "transformer":
+        t = opts.transformer
+        return Workload(functools.partial(transformer_model.build_model, t),
+                        functools.partial(transformer_model.make_batches, t),
+                        transformer_model.loss, transformer_model.grad_bytes(t),
+                        f"transformer: {t.layers} layers x width {t.width}, {t.heads} heads, "
+                        f"mlp {t.ffn}x, vocab {t.vocab}, seq {t.seq}")
+    s = opts.spec
+    return Workload(functools.partial(dlrm_model.build_model, s),
+                    functools.partial(dlrm_model.make_batches, s), dlrm_loss,
+                    dlrm_model.grad_bytes(s),
+                    f"dlrm: {s.tables} tables x {s.rows} rows x {s.dim}, bag {s.bag}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +168,7 @@ class ModeRun:
     seconds: float  # the slowest rank's
     samples_per_s: float
     engine_calls: int  # collectives the ringreduce engine ran (0 in nccl mode)
+    timed_engine_calls: int  # of those, in the timed steps
     engine: str  # the engine's configuration ("" in nccl mode)
 
 
@@ -103,31 +182,34 @@ def synchronized(device: torch.device, group: dist.ProcessGroup) -> float:
     return time.perf_counter()
 
 
-def train_mode(mode: str, opts: Options, batches: list[Batch], groups: Groups,
+def train_mode(mode: str, opts: Options, work: Workload, batches: list[Any], groups: Groups,
                device: torch.device) -> ModeRun:
     """Train a fresh model for ``len(batches)`` steps with one mode's all-reduce."""
     cuda = device.type == "cuda"
-    ddp = DDP(build_model(opts.spec, opts.seed).to(device),
+    ddp = DDP(work.build(opts.seed).to(device),
               device_ids=[device] if cuda else None, bucket_cap_mb=opts.bucket_mb,
               process_group=groups.ringreduce if mode == "backend" else groups.plain)
     comm = engine(mode, opts, groups, device)
-    calls_before = comm.op_number if comm else 0
+    calls_before = calls_timed = comm.op_number if comm else 0
     if mode == "hook":
         ddp.register_comm_hook(comm, ringreduce.ddp_hook)
     sgd = torch.optim.SGD(ddp.parameters(), lr=opts.lr)
     losses = torch.zeros(len(batches), device=device)
     start = 0.0
     try:
-        for step, (dense, ids, labels) in enumerate(batches):
+        for step, batch in enumerate(batches):
             if step == opts.warmup:
                 start = synchronized(device, groups.plain)
+                calls_timed = comm.op_number if comm else 0
             sgd.zero_grad()
-            loss = nn.functional.binary_cross_entropy_with_logits(ddp(dense, ids), labels)
+            loss = work.loss(ddp, batch)
             loss.backward()
             sgd.step()
             losses[step] = loss.detach()
         seconds = torch.tensor([synchronized(device, groups.plain) - start], device=device)
-        calls, described = (comm.op_number - calls_before, comm.describe()) if comm else (0, "")
+        calls, timed_calls, described = (
+            (comm.op_number - calls_before, comm.op_number - calls_timed, comm.describe())
+            if comm else (0, 0, ""))
     finally:
         if comm is not None and mode == "hook":
             comm.close()
@@ -136,7 +218,7 @@ def train_mode(mode: str, opts: Options, batches: list[Batch], groups: Groups,
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=groups.plain)
     timed, sec = opts.steps - opts.warmup, float(seconds.item())
     return ModeRun(mode, (losses / world).tolist(), timed, sec,
-                   timed * opts.batch * world / sec, calls, described)
+                   timed * opts.batch * world / sec, calls, timed_calls, described)
 
 
 def engine(mode: str, opts: Options, groups: Groups,
@@ -157,34 +239,37 @@ def engine(mode: str, opts: Options, groups: Groups,
 
 def run_modes(opts: Options, device: torch.device) -> list[ModeRun]:
     """Every mode of ``opts`` in turn, inside an initialised process group."""
-    groups = make_groups(device)
-    batches = make_batches(opts.spec, opts.steps, opts.batch, opts.seed, dist.get_rank(), device)
+    groups, work = make_groups(device), workload(opts)
+    batches = work.batches(opts.steps, opts.batch, opts.seed, dist.get_rank(), device)
     runs = []
     for mode in opts.modes:
-        runs.append(train_mode(mode, opts, batches, groups, device))
+        runs.append(train_mode(mode, opts, work, batches, groups, device))
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the next mode starts from the same free memory
     return runs
 
 
 def table(runs: list[ModeRun]) -> str:
-    """mode, steps, samples/s, ratio and max |loss diff| against nccl, final loss."""
+    """mode, steps, samples/s, ratio and max |loss diff| against nccl, final loss, and the
+    engine's calls per timed step (DDP's bucket count; "-" in nccl mode, which has no
+    engine)."""
     ref = next((r for r in runs if r.mode == "nccl"), None)
     lines = [f"{'mode':<8} {'steps':>5} {'samples/s':>11} {'vs nccl':>7} {'final loss':>10} "
-             f"{'max|dloss| vs nccl':>18}"]
+             f"{'max|dloss| vs nccl':>18} {'calls/step':>10}"]
     for r in runs:
         ratio = f"{r.samples_per_s / ref.samples_per_s:.2f}" if ref else "n/a"
         diff = f"{max(abs(a - b) for a, b in zip(r.losses, ref.losses, strict=True)):.3g}" \
             if ref else "n/a"
+        calls = "-" if r.mode == "nccl" else f"{r.timed_engine_calls / r.timed_steps:.4g}"
         lines.append(f"{r.mode:<8} {r.timed_steps:>5} {r.samples_per_s:>11.1f} {ratio:>7} "
-                     f"{r.losses[-1]:>10.6f} {diff:>18}")
+                     f"{r.losses[-1]:>10.6f} {diff:>18} {calls:>10}")
     return "\n".join(lines)
 
 
 def describe(opts: Options, launch: Launch, device: torch.device) -> str:
-    s = opts.spec
-    return (f"# dlrm: {s.tables} tables x {s.rows} rows x {s.dim}, bag {s.bag}, "
-            f"{grad_bytes(s) / 1e6:.1f} MB fp32 gradients; world {dist.get_world_size()} "
+    work = workload(opts)
+    return (f"# {work.shape}, "
+            f"{work.grad_bytes / 1e6:.1f} MB fp32 gradients; world {dist.get_world_size()} "
             f"({launch.launcher}), machines {opts.machines or 'from host ids'}, "
             f"batch {opts.batch}/rank, {opts.steps} steps ({opts.warmup} warm-up), "
             f"lr {opts.lr}, seed {opts.seed}, device {device.type}, "
@@ -199,7 +284,7 @@ def write_outputs(args: argparse.Namespace, opts: Options, launch: Launch,
                 "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 "launcher": launch.launcher, "world_size": dist.get_world_size(),
                 "backend_config": str(dist.get_backend_config()),
-                "grad_bytes": grad_bytes(opts.spec), "options": dataclasses.asdict(opts),
+                "grad_bytes": workload(opts).grad_bytes, "options": dataclasses.asdict(opts),
                 "nccl_env": nccl_variables()}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "runs": [dataclasses.asdict(r) for r in runs]}, f,
@@ -243,13 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
     add, d = p.add_argument, Options()
     add("--modes", "--mode", default=",".join(d.modes), help="comma list of nccl, hook, backend")
     add("--device", choices=("cuda", "cpu"), help="default: cuda when there")
-    add("--tables", type=int, default=d.spec.tables)
-    add("--rows", type=int, default=d.spec.rows, help="rows per table")
-    add("--dim", type=int, default=d.spec.dim)
-    add("--bag", type=int, default=d.spec.bag, help="ids per bag")
-    for name in ("batch", "steps", "warmup", "seed"):
+    add("--model", choices=MODELS, default=d.model, help="the workload (see above)")
+    add_model_arguments(p, d)
+    add("--batch", type=int, help="samples (dlrm) or sequences (transformer) per rank; "
+        f"default {', '.join(f'{v} ({k})' for k, v in DEFAULT_BATCH.items())}")
+    for name in ("steps", "warmup", "seed"):
         add(f"--{name}", type=int, default=getattr(d, name))
-    add("--lr", type=float, default=d.lr)
+    add("--lr", type=float, help="plain SGD's; default "
+        f"{', '.join(f'{v} ({k})' for k, v in DEFAULT_LR.items())}")
     add("--bucket-mb", type=float, default=d.bucket_mb, help="DDP bucket_cap_mb")
     add("--machines", type=int, help="virtual machines of hook and backend modes; "
         "default: from host ids (2 for standalone CPU runs)")
@@ -258,6 +344,21 @@ def build_parser() -> argparse.ArgumentParser:
     add("--json", help="write {meta, runs} here")
     add("--plot", help="write the loss curves here (PNG, needs matplotlib)")
     return p
+
+
+def add_model_arguments(p: argparse.ArgumentParser, d: Options) -> None:
+    """Each model's shape; the other model's are ignored."""
+    dlrm = p.add_argument_group("dlrm model (--model dlrm)").add_argument
+    dlrm("--tables", type=int, default=d.spec.tables)
+    dlrm("--rows", type=int, default=d.spec.rows, help="rows per table")
+    dlrm("--dim", type=int, default=d.spec.dim)
+    dlrm("--bag", type=int, default=d.spec.bag, help="ids per bag")
+    tf = p.add_argument_group("transformer model (--model transformer)").add_argument
+    tf("--layers", type=int, default=d.transformer.layers)
+    tf("--width", type=int, default=d.transformer.width)
+    tf("--heads", type=int, default=d.transformer.heads)
+    tf("--seq", type=int, default=d.transformer.seq, help="tokens per sequence")
+    tf("--vocab", type=int, default=d.transformer.vocab)
 
 
 def options(args: argparse.Namespace, cuda: bool) -> Options:
@@ -273,9 +374,19 @@ def options(args: argparse.Namespace, cuda: bool) -> Options:
     if machines is None and not cuda and detect().launcher == "standalone":
         machines = 2 if (args.nprocs or 4) % 2 == 0 else 1  # as ringreduce.bench on CPU
     spec = Spec(tables=args.tables, rows=args.rows, dim=args.dim, bag=args.bag)
-    return Options(modes=modes, spec=spec, batch=args.batch, steps=args.steps,
-                   warmup=args.warmup, lr=args.lr, seed=args.seed, bucket_mb=args.bucket_mb,
-                   machines=machines, min_bytes=args.min_bytes)
+    try:
+        transformer = TransformerSpec(vocab=args.vocab, width=args.width, layers=args.layers,
+                                      heads=args.heads, seq=args.seq)
+    except ValueError as e:
+        raise SystemExit(f"{e} (--vocab, --width, --layers, --heads, --seq)") from None
+    for name in ("batch", "lr"):  # 0 would ask Options for the model's default
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise SystemExit(f"--{name} {getattr(args, name)}: must be positive; leave it out "
+                             f"for the model's default")
+    return Options(modes=modes, spec=spec, batch=args.batch or 0, steps=args.steps,
+                   warmup=args.warmup, lr=args.lr or 0.0, seed=args.seed,
+                   bucket_mb=args.bucket_mb, machines=machines, min_bytes=args.min_bytes,
+                   model=args.model, transformer=transformer)
 
 
 def backend_env(opts: Options) -> dict[str, str]:

@@ -27,6 +27,12 @@ MIN_SHARD_BYTES = 512 * KiB
 #: pipelined pieces while each network message stays large.
 MIN_SLICE_BYTES = 4 * MiB
 
+#: Smallest shard of the slices a small call is cut into (layout.call_slice_bytes): a
+#: 4 MiB DDP bucket at 2 x 2 becomes four 1 MiB slices of 256 KiB shards, which ran
+#: the hook at 1.14-1.28x NCCL where one 4 MiB slice ran 0.93-1.00x (layout.py says
+#: where); Fairring lost to NCCL only once shards fell to ~100 KiB.
+MIN_CALL_SHARD_BYTES = 256 * KiB
+
 #: Default staging budget. Staging holds the (M-1) rows a slice receives in
 #: `collect`; 64 MiB keeps 16+ slices of 4 MiB in flight, like Fairring's 50 MiB.
 DEFAULT_STAGING_BYTES = 64 * MiB
@@ -82,9 +88,12 @@ class Config:
     (``RINGREDUCE_MACHINES``). ``None``: detect machines from the host identity."""
 
     slice_bytes: int | None = None
-    """Largest slice in flight (``RINGREDUCE_SLICE_BYTES``). ``None``: the larger of
-    ``MIN_SLICE_BYTES`` and ``MIN_SHARD_BYTES * devices * machines``, so shards stay
-    large as the cluster grows (Fairring's fixed slice over-sharded at 256 GPUs)."""
+    """Slice size (``RINGREDUCE_SLICE_BYTES``), the same for every call. ``None``: by
+    call size. The largest slice is the larger of ``MIN_SLICE_BYTES`` and
+    ``MIN_SHARD_BYTES * devices * machines``, so shards stay large as the cluster grows
+    (Fairring's fixed slice over-sharded at 256 GPUs); a call smaller than
+    ``layout.SLICES_PER_CALL`` such slices is cut into that many, down to shards of
+    ``MIN_CALL_SHARD_BYTES``, so that its stages still overlap."""
 
     staging_bytes: int = DEFAULT_STAGING_BYTES
     """Memory for received `collect` rows (``RINGREDUCE_STAGING_BYTES``); it bounds
@@ -263,10 +272,18 @@ class Config:
         return self.wave_groups and self.pair_comms
 
     def resolved_slice_bytes(self, devices: int, machines: int) -> int:
-        """The slice size in use for a (machines x devices) topology."""
+        """The largest slice in use for a (machines x devices) topology."""
         if self.slice_bytes is not None:
             return self.slice_bytes
         return max(MIN_SLICE_BYTES, MIN_SHARD_BYTES * devices * machines)
+
+    def smallest_slice_bytes(self, devices: int, machines: int) -> int:
+        """The smallest slice a call is cut into (layout.call_slice_bytes): the largest
+        when ``slice_bytes`` is given (one size for every call)."""
+        if self.slice_bytes is not None:
+            return self.slice_bytes
+        return min(self.resolved_slice_bytes(devices, machines),
+                   MIN_CALL_SHARD_BYTES * devices * machines)
 
 
 def _parse(var: str, raw: str, default: object) -> object:

@@ -109,7 +109,7 @@ class Communicator:
         per_device = ", ".join(f"{k}={v if r.is_cuda else 'n/a (cpu)'}" for k, v in cuda.items())
         return (f"{t.machines} machines x {t.devices_per_machine} devices, "
                 f"{'cuda (nccl ' + str(r.nccl_version) + ')' if r.is_cuda else 'cpu (gloo)'}, "
-                f"slice_bytes={r.slice_bytes}, staging_bytes={c.staging_bytes} "
+                f"slice_bytes={_slice_range(r)}, staging_bytes={c.staging_bytes} "
                 f"({r.staging_slots} slots), min_bytes={c.min_bytes}, "
                 f"rail_channels={c.rail_channels or 'nccl default'}, "
                 f"wire={c.wire_dtype or 'tensor dtype'}, {per_device}, "
@@ -231,3 +231,9 @@ def _device_of(group: dist.ProcessGroup) -> torch.device:
     if "nccl" in backend or ("ringreduce" in backend and torch.cuda.is_available()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _slice_range(res: Resources) -> str:
+    """``4194304``, or ``1048576..4194304`` when the slice size follows the call size."""
+    low, high = res.smallest_slice_bytes, res.slice_bytes
+    return f"{low}..{high}" if 0 < low < high else str(high)

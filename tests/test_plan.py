@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -68,6 +69,28 @@ def test_default_slice_grows_with_cluster() -> None:
     assert cfg.resolved_slice_bytes(2, 2) == 4 << 20
     assert cfg.resolved_slice_bytes(8, 32) == 512 * 1024 * 256  # shard stays 512 KiB
     assert Config(slice_bytes=123).resolved_slice_bytes(8, 32) == 123
+
+
+def test_a_small_call_is_cut_into_slices_that_still_overlap() -> None:
+    cfg, mib = Config(), 1 << 20
+    largest, smallest = cfg.resolved_slice_bytes(2, 2), cfg.smallest_slice_bytes(2, 2)
+    assert (largest, smallest) == (4 * mib, mib)  # shards of 256 KiB at 2 x 2
+    cut = functools.partial(layout.call_slice_bytes, largest=largest, smallest=smallest)
+    assert cut(25 * mib) == 4 * mib  # a DDP bucket: 7 slices, as before
+    assert cut(16 * mib) == 4 * mib
+    assert cut(8 * mib) == 2 * mib
+    assert cut(4 * mib) == mib  # four slices, not one
+    assert cut(3 * mib) == mib  # no slice below the smallest
+    assert cut(4 * mib + 4) == mib + 1  # rounded up: still four slices (plan_slices aligns)
+    assert len(layout.plan_slices(mib, 4, 2, 2, cut(4 * mib))) == 4
+    # a given slice_bytes is one size for every call
+    fixed = Config(slice_bytes=4096)
+    assert fixed.smallest_slice_bytes(2, 2) == fixed.resolved_slice_bytes(2, 2) == 4096
+    assert layout.call_slice_bytes(4 * mib, 4096, 4096) == 4096
+    # at scale the smallest shard still binds: 8 x 32 (256 ranks) keeps 64 MiB slices
+    assert cfg.smallest_slice_bytes(8, 32) == 64 * mib
+    assert layout.call_slice_bytes(4 * mib, cfg.resolved_slice_bytes(8, 32),
+                                   cfg.smallest_slice_bytes(8, 32)) == 64 * mib
 
 
 def test_config_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:

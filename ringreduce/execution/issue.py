@@ -164,7 +164,7 @@ class Issuer:
         ctx.wire = self.wire if t.dtype == torch.float32 else None
         plans, waves, self.cursor = schedule.plan_waves(
             t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
-            res.slice_bytes, res.staging_slots, self.cursor,
+            res.call_slice_bytes(t.numel() * t.element_size()), res.staging_slots, self.cursor,
             "add" if ctx.wire is None else "diffuse", res.wave_groups)
         run_waves(waves, t.view(-1), plans, op, ctx)
         return schedule.active_stages(topo.devices_per_machine)[-1]

@@ -186,7 +186,7 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
     ctx.wire = wire if t.dtype == torch.float32 else None
     plans, waves, after = schedule.plan_waves(
         t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
-        res.slice_bytes, res.staging_slots, cursor,
+        res.call_slice_bytes(t.numel() * t.element_size()), res.staging_slots, cursor,
         "add" if ctx.wire is None else "diffuse", res.wave_groups)
     rec = Recorder(t.data_ptr(), t.numel() * t.element_size(), stages)
     kernels = copy.copy(res.kernels)

@@ -73,6 +73,9 @@ class Resources:
     """World size as a 0-dim tensor per float dtype, made once: AVG divides by it."""
     wave_groups: bool = True
     """Config.wave_groups: one NCCL group per pipeline wave."""
+    smallest_slice_bytes: int = 0
+    """Config.smallest_slice_bytes: a small call's slices (call_slice_bytes); 0: every
+    call's are ``slice_bytes``."""
     native: Any = None
     """The native issuer (native.NativeIssuer: a worker thread issues hierarchical CUDA
     calls); None: every call is issued from Python."""
@@ -80,6 +83,10 @@ class Resources:
     """The end-of-call check (call_check.py, Config.check_call_end); None: off."""
     issuing: tuple[Record, float] | None = None
     """The call being issued and since when (time.monotonic()); None between calls."""
+
+    def call_slice_bytes(self, nbytes: int) -> int:
+        """The slice size of a call of ``nbytes`` (plan/layout.call_slice_bytes)."""
+        return layout.call_slice_bytes(nbytes, self.slice_bytes, self.smallest_slice_bytes)
 
     def stuck_issue(self) -> Issue | None:
         """For the watchdog: the call being issued (blocking NCCL calls wait inside it
@@ -165,7 +172,9 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
     buffers = Buffers(topo, slot_bytes, slots if topo.machines > 1 else 0,
                       layout.PADDING_SLOTS, device)
     res = Resources(topo, is_cuda, device, slice_bytes, slots, None, None, buffers,
-                    wave_groups=config.wave_groups)
+                    wave_groups=config.wave_groups,
+                    smallest_slice_bytes=config.smallest_slice_bytes(topo.devices_per_machine,
+                                                                     topo.machines))
     recorder = FlightRecorder(config.flight_records, rank, config.flight_file)
     res.guard = Guard(store, rank, world, config.timeout_s, recorder)
     res.rank_order = _rank_order(topo, device)

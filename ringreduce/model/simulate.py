@@ -2,9 +2,9 @@
 
 The plan comes from the pure planning modules the engine runs: ``layout.plan_slices``
 (slices), ``layout.staging_geometry`` (slots, sized as the engine sizes them),
-``Config.resolved_slice_bytes`` (the slice-size rule) and ``schedule.plan_call`` (the
-steps, slice-major, with the events each waits on and records). Each step is then timed
-as the CUDA streams would run it::
+``Config`` and ``layout.call_slice_bytes`` (the slice-size rule) and
+``schedule.plan_call`` (the steps, slice-major, with the events each waits on and
+records). Each step is then timed as the CUDA streams would run it::
 
     start(stage s of slice i) = max(host has issued slice i,
                                     the events it waits on (stage s-1 of slice i, the
@@ -153,8 +153,11 @@ def iteration_ends(size: int, c: Cluster, o: Options, buckets: int = 1,
     """Device end of each iteration of ``buckets`` back-to-back calls of ``size`` bytes,
     issued from an idle pipeline at t = 0 (the host never waits, as the benchmark's
     CUDA-aware futures do not)."""
-    slice_bytes = Config(slice_bytes=o.slice_bytes).resolved_slice_bytes(c.gpus, c.machines)
-    _, slots = layout.staging_geometry(c.gpus, c.machines, slice_bytes, o.staging_bytes)
+    config = Config(slice_bytes=o.slice_bytes)
+    largest = config.resolved_slice_bytes(c.gpus, c.machines)
+    _, slots = layout.staging_geometry(c.gpus, c.machines, largest, o.staging_bytes)
+    slice_bytes = layout.call_slice_bytes(size, largest,
+                                          config.smallest_slice_bytes(c.gpus, c.machines))
     # a 16-bit wire also stages the diffused rows, so diffuse frees the slot (engine)
     reader = "diffuse" if o.wire_factor < 1 else "add"
     p = _plan(size // o.itemsize, o.itemsize, c.gpus, c.machines, slice_bytes, slots,

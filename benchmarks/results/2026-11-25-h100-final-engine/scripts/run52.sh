@@ -22,6 +22,6 @@ run gpu_2x2 180 python3 benchmarks/emulate.py --mps-only -- \
   env RINGREDUCE_GPU_TOPOLOGIES=2x2 RR_MPS=1 RINGREDUCE_TIMEOUT=30 \
   python3 -m pytest tests/test_gpu.py -p no:cacheprovider -v -rs -k "not fault"
 cat "$X/status.txt"
-for f in bench_new bench_old bench_new2; do echo "== $f"; grep -E "^ +[0-9]+ +float" "$X/$f.log" | awk '{print $1, $16, $17, $18, $19}'; done
+for f in bench_new bench_old bench_new2; do echo "== $f"; grep -E "^ +[0-9]+ +float" "$X/$f.log" | awk '{print $1, "time", $5, "host", $6, "wrong", $9, "ratio", $20, "2lvl", $21, "eff", $22}'; done
 echo "== gpu_2x2"; grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)|PASSED|FAILED" "$X/gpu_2x2.log" | cut -c1-160 | tail -12
 tar -czf "$OUT/r52_logs.tar.gz" -C "$X" . && rm -rf "$X"

@@ -234,3 +234,13 @@ def test_cli_without_arguments_sweeps_2_to_1024_machines(capsys: pytest.CaptureF
 def test_cli_rejects_a_bad_size() -> None:
     with pytest.raises(SystemExit):
         cli.main(["--sizes", "lots"])
+
+
+def test_results_from_before_the_call_size_rule_keep_their_fixed_slices() -> None:
+    """A run whose engine line shows one slice size is replayed with it, not with today's
+    rule (which cuts calls under 16 MiB into four slices at 2 x 2)."""
+    old = {"engine": "2 machines x 2 devices, slice_bytes=4194304, staging_bytes=67108864"}
+    new = {"engine": "2 machines x 2 devices, slice_bytes=1048576..4194304, staging_bytes=1"}
+    assert results._slice_bytes({}, old) == 4 << 20
+    assert results._slice_bytes({}, new) is None
+    assert results._slice_bytes({"slice_bytes": 4096}, new) == 4096

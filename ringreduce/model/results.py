@@ -188,12 +188,22 @@ def _sample(path: Path, meta: dict[str, Any], row: dict[str, Any]) -> Sample | N
         source=f"{path.parent.name}/{path.name}", machines=int(meta["machines"]),
         gpus=int(meta["devices_per_machine"]), size=int(row["size"]),
         buckets=int(row.get("buckets", 1)), iters=int(options.get("iters") or 20),
-        itemsize=itemsize, slice_bytes=config.get("slice_bytes"),
+        itemsize=itemsize, slice_bytes=_slice_bytes(config, meta),
         staging_bytes=int(config.get("staging_bytes") or DEFAULT_STAGING_BYTES),
         min_bytes=DEFAULT_MIN_BYTES if min_bytes is None else int(min_bytes),
         wire_factor=wire, link_gbit=link_gbit_of(meta),
         setting_key=setting_key(meta, setting), setting=setting,
         rr_us=float(row["rr_time_us"]), ref_us=float(row["ref_time_us"]), row=row, meta=meta)
+
+
+def _slice_bytes(config: dict[str, Any], meta: dict[str, Any]) -> int | None:
+    """The run's slice size: its configured one; else, for runs from before the default
+    followed the call size (their engine line reads ``slice_bytes=4194304``, not
+    ``slice_bytes=1048576..4194304``), the one fixed size they used; else None (the rule)."""
+    if config.get("slice_bytes") is not None:
+        return int(config["slice_bytes"])
+    fixed = re.search(r"slice_bytes=(\d+)(?![.\d])", str(meta.get("engine", "")))
+    return int(fixed[1]) if fixed else None
 
 
 def load_file(path: Path) -> list[Sample]:

@@ -29,7 +29,7 @@ MIN_SLICE_BYTES = 4 * MiB
 
 #: Smallest shard of the slices a small call is cut into (layout.call_slice_bytes): a
 #: 4 MiB DDP bucket at 2 x 2 becomes four 1 MiB slices of 256 KiB shards, which ran
-#: the hook at 1.14-1.28x NCCL where one 4 MiB slice ran 0.93-1.00x (layout.py says
+#: the hook at 1.14-1.29x NCCL where one 4 MiB slice ran 0.87-1.00x (layout.py says
 #: where); Fairring lost to NCCL only once shards fell to ~100 KiB.
 MIN_CALL_SHARD_BYTES = 256 * KiB
 

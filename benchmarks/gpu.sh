@@ -14,7 +14,8 @@
 #            1's link set down after CUT_S seconds; every rank must end with
 #            RingReduceError within RINGREDUCE_TIMEOUT
 #   soak     SOAK_CALLS random exact calls at 2x2 (loopback), memory flat
-#   dlrm     DDP on NCCL vs the hook vs the backend, capped 2x2 (then 4x2 if time is left)
+#   dlrm     DDP on NCCL vs the hook vs the backend, capped 2x2; the transformer (146
+#            buckets a step) NCCL vs hook at 2x2; DLRM at 4x2 if time is left
 #   kernels  the kernel tests, benchmarks/kernel_bench.py, benchmarks/kernel_occupancy.py
 #   native   the native issuer (issue 18): benchmarks/native_host.py (host time, CPU and wall
 #            per 25 MiB call, native at several slice sizes vs Python issuer vs NCCL, same
@@ -146,12 +147,18 @@ soak)
     --calls "${SOAK_CALLS:-6000}" --min-bytes 65536 --json "$W/soak_2x2.json"
   grep -hE "^# soak|wrong|FAILED|Error" "$W/soak_2x2.log" | cut -c1-400 | tail -12 > "$W/summary_body.txt" ;;
 dlrm)
-  for topo in 2x2 4x2; do
-    step "dlrm_$topo" 240 $E --machines "${topo%x*}" --gpus-per-machine "${topo#*x}" $CAP \
-      --script benchmarks/dlrm.py -- --modes nccl,hook,backend \
-      --json "$W/dlrm_$topo.json" ${PLOT[@]+"${PLOT[@]}" "$W/dlrm_$topo.png"}
-  done
-  grep -hvE "Warning|warn|^W1|^\[rank|^\s*$|socket.cpp|^###" "$W"/dlrm_*.log | tail -40 > "$W/summary_body.txt" ;;
+  # The DLRM-style model (a few 25 MiB buckets a step) at 2x2, the transformer with 146
+  # buckets of 4 MiB a step at 2x2 (the host's share of a step), then DLRM at 4x2.
+  step dlrm_2x2 200 $E --machines 2 --gpus-per-machine 2 $CAP \
+    --script benchmarks/dlrm.py -- --modes nccl,hook,backend \
+    --json "$W/dlrm_2x2.json" ${PLOT[@]+"${PLOT[@]}" "$W/dlrm_2x2.png"}
+  step transformer_2x2 150 $E --machines 2 --gpus-per-machine 2 $CAP \
+    --script benchmarks/dlrm.py -- --modes nccl,hook --model transformer --layers 48 \
+    --bucket-mb 4 --steps 24 --warmup 4 --json "$W/transformer_2x2.json"
+  step dlrm_4x2 240 $E --machines 4 --gpus-per-machine 2 $CAP \
+    --script benchmarks/dlrm.py -- --modes nccl,hook,backend \
+    --json "$W/dlrm_4x2.json" ${PLOT[@]+"${PLOT[@]}" "$W/dlrm_4x2.png"}
+  grep -hvE "Warning|warn|^W1|^\[rank|^\s*$|socket.cpp|^###" "$W"/dlrm_*.log "$W"/transformer_*.log | tail -40 > "$W/summary_body.txt" ;;
 kernels)
   step kernel_tests 200 python3 -m pytest -m gpu tests/test_kernels.py -p no:cacheprovider -v -rs
   step kernel_bench 120 python3 benchmarks/kernel_bench.py

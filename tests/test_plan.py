@@ -75,14 +75,20 @@ def test_a_small_call_is_cut_into_slices_that_still_overlap() -> None:
     cfg, mib = Config(), 1 << 20
     largest, smallest = cfg.resolved_slice_bytes(2, 2), cfg.smallest_slice_bytes(2, 2)
     assert (largest, smallest) == (4 * mib, mib)  # shards of 256 KiB at 2 x 2
-    cut = functools.partial(layout.call_slice_bytes, largest=largest, smallest=smallest)
+    cut = functools.partial(layout.call_slice_bytes, largest=largest, smallest=smallest,
+                            devices=2, machines=2)
     assert cut(25 * mib) == 4 * mib  # a DDP bucket: 7 slices, as before
     assert cut(16 * mib) == 4 * mib
     assert cut(8 * mib) == 2 * mib
     assert cut(4 * mib) == mib  # four slices, not one
     assert cut(3 * mib) == mib  # no slice below the smallest
-    assert cut(4 * mib + 4) == mib + 1  # rounded up: still four slices (plan_slices aligns)
     assert len(layout.plan_slices(mib, 4, 2, 2, cut(4 * mib))) == 4
+    # sizes that are not whole 64-byte units (D*M*16 at 2 x 2) still make four slices,
+    # not four and a sliver: the slice is rounded up, as plan_slices rounds down
+    for extra in (4, 60, 64, 4092):
+        nbytes = 4 * mib + extra
+        assert cut(nbytes) % 64 == 0
+        assert len(layout.plan_slices(nbytes // 4, 4, 2, 2, cut(nbytes))) == 4, extra
     # a given slice_bytes is one size for every call
     fixed = Config(slice_bytes=4096)
     assert fixed.smallest_slice_bytes(2, 2) == fixed.resolved_slice_bytes(2, 2) == 4096

@@ -157,7 +157,8 @@ def iteration_ends(size: int, c: Cluster, o: Options, buckets: int = 1,
     largest = config.resolved_slice_bytes(c.gpus, c.machines)
     _, slots = layout.staging_geometry(c.gpus, c.machines, largest, o.staging_bytes)
     slice_bytes = layout.call_slice_bytes(size, largest,
-                                          config.smallest_slice_bytes(c.gpus, c.machines))
+                                          config.smallest_slice_bytes(c.gpus, c.machines),
+                                          c.gpus, c.machines)
     # a 16-bit wire also stages the diffused rows, so diffuse frees the slot (engine)
     reader = "diffuse" if o.wire_factor < 1 else "add"
     p = _plan(size // o.itemsize, o.itemsize, c.gpus, c.machines, slice_bytes, slots,

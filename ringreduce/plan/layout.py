@@ -53,14 +53,19 @@ def slice_elements(itemsize: int, devices: int, machines: int, slice_bytes: int)
     return max(unit, (slice_bytes // itemsize) // unit * unit)
 
 
-def call_slice_bytes(nbytes: int, largest: int, smallest: int) -> int:
+def call_slice_bytes(nbytes: int, largest: int, smallest: int, devices: int = 1,
+                     machines: int = 1) -> int:
     """The slice size of one call of ``nbytes``: ``largest``, unless that leaves fewer
     than SLICES_PER_CALL slices; then about SLICES_PER_CALL of them, none smaller than
     ``smallest`` (so network messages keep their size). ``smallest >= largest``: always
-    ``largest`` (a fixed slice size). Every rank gets the same size for the same call."""
+    ``largest`` (a fixed slice size). Every rank gets the same size for the same call.
+    Rounded up to whole D*M*ALIGN_BYTES units: slice_elements rounds down to them, which
+    would otherwise leave a sliver of a fifth slice (one more NCCL group) after four."""
     if smallest >= largest:
         return largest
-    return max(smallest, min(largest, -(-nbytes // SLICES_PER_CALL)))
+    unit = devices * machines * ALIGN_BYTES
+    quarter = -(-nbytes // SLICES_PER_CALL)
+    return max(smallest, min(largest, -(-quarter // unit) * unit))
 
 
 def plan_slices(numel: int, itemsize: int, devices: int, machines: int,

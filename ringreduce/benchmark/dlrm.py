@@ -50,34 +50,21 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
 
 from ..integrations.backend import RingReduceGroup
-from . import dlrm_model, transformer_model
 from .dlrm_model import Spec
 from .launch import Launch, detect, nccl_variables, run_ranks
 from .transformer_model import TransformerSpec
+from .workloads import DEFAULT_BATCH, DEFAULT_LR, MODELS, Workload, workload
 
 MODES = ("nccl", "hook", "backend")
-MODELS = ("dlrm", "transformer")
-# Per-rank batch (samples or sequences) and SGD learning rate where Options gets 0.
-# DLRM: 2048 samples keep the step's arithmetic small next to its 128 MB all-reduce; lr
-# 0.1 barely moves its loss in 60 steps. Transformer: 8 x 128 tokens keep a 24 x 512
-# step's arithmetic short, so its 100+ all-reduce calls are a visible share of the step;
-# lr 0.5 (measured on CPU, 24 x 512, 32 x 128 tokens a step, 12 steps) takes the loss
-# from 8.41 to 8.20 where 0.1 reaches 8.27; 2.0 diverges.
-DEFAULT_BATCH = {"dlrm": 2048, "transformer": 8}
-DEFAULT_LR = {"dlrm": 0.5, "transformer": 0.5}
-
-
 @dataclasses.dataclass(frozen=True)
 class Options:
     """One run; the same on every rank. ``spec`` shapes the dlrm model, ``transformer``
@@ -108,40 +95,9 @@ class Options:
         if self.lr == 0:
             object.__setattr__(self, "lr", DEFAULT_LR[self.model])
 
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """What training needs of a model: a fresh one from a seed, this rank's batches
-    (made before timing), and one batch's loss through the DDP-wrapped model."""
-
-    build: Callable[[int], nn.Module]  # seed -> the model, on the CPU
-    # (steps, batch, seed, rank, device) -> every step's batch
-    batches: Callable[[int, int, int, int, torch.device], list[Any]]
-    loss: Callable[[nn.Module, Any], torch.Tensor]
-    grad_bytes: int  # fp32 gradient bytes per step
-    shape: str  # for describe()
-
-
-def dlrm_loss(model: nn.Module, batch: dlrm_model.Batch) -> torch.Tensor:
-    """Mean binary cross-entropy of the click logits."""
-    dense, ids, labels = batch
-    return nn.functional.binary_cross_entropy_with_logits(model(dense, ids), labels)
-
-
-def workload(opts: Options) -> Workload:
-    """``opts.model``'s model, batches and loss, shaped by its spec in ``opts``."""
-    if opts.model == "transformer":
-        t = opts.transformer
-        return Workload(functools.partial(transformer_model.build_model, t),
-                        functools.partial(transformer_model.make_batches, t),
-                        transformer_model.loss, transformer_model.grad_bytes(t),
-                        f"transformer: {t.layers} layers x width {t.width}, {t.heads} heads, "
-                        f"mlp {t.ffn}x, vocab {t.vocab}, seq {t.seq}")
-    s = opts.spec
-    return Workload(functools.partial(dlrm_model.build_model, s),
-                    functools.partial(dlrm_model.make_batches, s), dlrm_loss,
-                    dlrm_model.grad_bytes(s),
-                    f"dlrm: {s.tables} tables x {s.rows} rows x {s.dim}, bag {s.bag}")
+    def workload(self) -> Workload:
+        """The chosen model's build, batches and loss (workloads.py)."""
+        return workload(self.model, self.spec, self.transformer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +195,7 @@ def engine(mode: str, opts: Options, groups: Groups,
 
 def run_modes(opts: Options, device: torch.device) -> list[ModeRun]:
     """Every mode of ``opts`` in turn, inside an initialised process group."""
-    groups, work = make_groups(device), workload(opts)
+    groups, work = make_groups(device), opts.workload()
     batches = work.batches(opts.steps, opts.batch, opts.seed, dist.get_rank(), device)
     runs = []
     for mode in opts.modes:
@@ -267,7 +223,7 @@ def table(runs: list[ModeRun]) -> str:
 
 
 def describe(opts: Options, launch: Launch, device: torch.device) -> str:
-    work = workload(opts)
+    work = opts.workload()
     return (f"# {work.shape}, "
             f"{work.grad_bytes / 1e6:.1f} MB fp32 gradients; world {dist.get_world_size()} "
             f"({launch.launcher}), machines {opts.machines or 'from host ids'}, "
@@ -284,7 +240,7 @@ def write_outputs(args: argparse.Namespace, opts: Options, launch: Launch,
                 "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 "launcher": launch.launcher, "world_size": dist.get_world_size(),
                 "backend_config": str(dist.get_backend_config()),
-                "grad_bytes": workload(opts).grad_bytes, "options": dataclasses.asdict(opts),
+                "grad_bytes": opts.workload().grad_bytes, "options": dataclasses.asdict(opts),
                 "nccl_env": nccl_variables()}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "runs": [dataclasses.asdict(r) for r in runs]}, f,

@@ -23,8 +23,9 @@ MiB = 1024 * KiB
 #: network path moves 128-512 KiB chunks, so smaller messages pay per-message cost.
 MIN_SHARD_BYTES = 512 * KiB
 
-#: Floor of the default slice size: 4 MiB slices keep a 25 MiB DDP bucket in ~7
-#: pipelined pieces while each network message stays large.
+#: The default largest slice on small clusters: 4 MiB slices keep a 25 MiB DDP bucket in
+#: ~7 pipelined pieces while each network message stays large (smaller calls get smaller
+#: slices: MIN_CALL_SHARD_BYTES).
 MIN_SLICE_BYTES = 4 * MiB
 
 #: Smallest shard of the slices a small call is cut into (layout.call_slice_bytes): a

@@ -73,6 +73,24 @@ def test_slices_flow_through_every_stage() -> None:
     run_test_ranks(_slices_worker, 4)
 
 
+def _call_size_worker(rank: int, world: int) -> None:
+    """The default slice size follows the call size (layout.call_slice_bytes): at 2 x 2 a
+    call of 4 MiB and 4 bytes goes as four slices (rounded up to whole units, not four
+    and a sliver), one of 2 MiB as two of the smallest (1 MiB), each exact."""
+    with ringreduce.Communicator(machines=2, min_bytes=0) as comm:
+        counts = _count_stage_calls(comm)
+        n = (4 << 20) // 4 + 1  # fp32
+        assert sweep(comm, [n], CPU, dtypes=(torch.float32,), ops=(dist.ReduceOp.SUM,)) == 1
+        assert counts["collect"] == 4, counts
+        assert sweep(comm, [(2 << 20) // 4], CPU, dtypes=(torch.float32,),
+                     ops=(dist.ReduceOp.SUM,)) == 1
+        assert counts["collect"] == 6, counts
+
+
+def test_a_small_call_goes_as_four_slices() -> None:
+    run_test_ranks(_call_size_worker, 4)
+
+
 def _fast_path_worker(rank: int, world: int) -> None:
     with ringreduce.Communicator(machines=2) as comm:  # default min_bytes: 1 MiB
         counts = _count_stage_calls(comm)

@@ -86,7 +86,8 @@ class Resources:
 
     def call_slice_bytes(self, nbytes: int) -> int:
         """The slice size of a call of ``nbytes`` (plan/layout.call_slice_bytes)."""
-        return layout.call_slice_bytes(nbytes, self.slice_bytes, self.smallest_slice_bytes,
+        smallest = self.smallest_slice_bytes or self.slice_bytes  # 0: one size (the field)
+        return layout.call_slice_bytes(nbytes, self.slice_bytes, smallest,
                                        self.topo.devices_per_machine, self.topo.machines)
 
     def stuck_issue(self) -> Issue | None:

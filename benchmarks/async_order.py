@@ -67,7 +67,7 @@ def rank_body(launch: Launch, device: torch.device, phase: str, calls: int, in_f
     want, small = x.clone(), torch.ones(1, device=device)
     xs = [x] + [x.clone() for _ in range(tensors - 1)]
     report_hang(comm, launch.rank, comm.config.timeout_s + 15)
-    for _ in range(70):  # every staging slot position traced, issued, waited for
+    for _ in range(70):  # traced once, then replayed; each waited for
         comm.all_reduce(x, op=dist.ReduceOp.AVG)
     torch.cuda.synchronize(device)
     print(f"[async-order] rank {launch.rank} issuer={issuer}: 70 synchronous calls done",

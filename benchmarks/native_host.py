@@ -158,11 +158,12 @@ def check_exact(comms: dict[str, ringreduce.Communicator], base: torch.Tensor,
 
 def measure(ways: dict[str, Callable[[], object]], calls: int, device: torch.device,
             say: Say) -> dict[str, tuple[float, ...]]:
-    """Warm every way (programs traced for every staging slot position), then per way:
+    """Warm every way (its first call goes through Python, the second traces its
+    program, a few more settle caches and clocks), then per way:
     (host idle us, caller's own CPU us in it, stream host us, CPU ms per call, busy
     cores, wall ms per call)."""
     for name, call in ways.items():
-        for _ in range(5 if name.startswith("nccl") else 70):  # 64 staging slots at 2 x 2
+        for _ in range(5):
             call()
         settle(device)  # one communicator's work at a time across ranks
         say(f"# warm: {name}", flush=True)

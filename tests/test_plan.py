@@ -157,10 +157,9 @@ def test_virtual_machines_are_contiguous() -> None:
 @pytest.mark.parametrize("devices", [1, 4])
 def test_schedule_links_stages_and_reuses_slots_in_order(devices: int) -> None:
     stages = schedule.active_stages(devices)
-    steps, cursor = schedule.plan_steps(7, True, devices, staging_slots=3, padding_slots=2,
-                                        cursor=schedule.Cursor(staging=2, padding=1))
+    steps = schedule.plan_steps(7, True, devices, staging_slots=3)
     assert [s.stage for s in steps] == list(stages) * 7
-    assert cursor == schedule.Cursor(staging=(2 + 7) % 3, padding=0)
+    assert [s.staging_slot for s in steps] == [i % 3 for i in range(7) for _ in stages]
     recorded: dict[str, tuple[int, str]] = {}  # event -> (slice, stage) of last record
     for s in steps:
         for w in s.waits:
@@ -177,10 +176,35 @@ def test_schedule_links_stages_and_reuses_slots_in_order(devices: int) -> None:
     assert {r for s in steps for r in s.records if r.startswith("tail")} == \
         {r for s in steps if s.slice_index == 6 for r in s.records if r.startswith("tail")} == \
         {schedule.tail(stage) for stage in stages}
-    assert all(s.padding_slot == 1 for s in steps if s.slice_index == 6)
+    assert all(s.padding_slot == 0 for s in steps if s.slice_index == 6)
     assert all(s.padding_slot is None for s in steps if s.slice_index < 6)
-    names = set(schedule.event_names(devices, 3, 2))
+    names = set(schedule.event_names(devices, 3, layout.PADDING_SLOTS))
     assert {e for s in steps for e in (*s.waits, *s.records)} <= names
+
+
+def test_consecutive_calls_reuse_slots_after_their_last_reader() -> None:
+    """Every call starts at slot 0, so one kind of call has one plan (and one native
+    program): what keeps it safe is that the next call's first writer of a slot waits
+    for this call's last reader of it, for staging (collect after add) and padding
+    (the tail's copy-in after the previous tail's copy-back)."""
+    first = schedule.plan_steps(5, True, 2, staging_slots=3)
+    assert schedule.plan_steps(5, True, 2, staging_slots=3) == first
+    recorded: dict[str, tuple[int, int, str]] = {}  # event -> (call, slice, stage)
+    for call in range(2):
+        for s in first:
+            for w in s.waits:
+                if w.startswith("staging_free"):  # the last add that read the slot
+                    if s.slice_index >= 3:  # an earlier slice of this call
+                        last = (call, s.slice_index - 3, "add")
+                    elif call:  # the previous call's last slice in this slot
+                        last = (0, max(i for i in range(5) if i % 3 == s.staging_slot), "add")
+                    else:
+                        last = None
+                    assert recorded.get(w) == last, (s, last)
+                if call and w.startswith("padding_free"):
+                    assert recorded[w] == (0, 4, "all_gather")
+            for r in s.records:
+                recorded[r] = (call, s.slice_index, s.stage)
 
 
 def test_more_than_2_31_elements_are_planned_exactly() -> None:
@@ -193,13 +217,11 @@ def test_more_than_2_31_elements_are_planned_exactly() -> None:
 
 
 def test_plan_call_is_the_memoised_plan_of_slices_and_steps() -> None:
-    cursor = schedule.Cursor(3, 1)
-    plans, steps, after = schedule.plan_call(1_000_003, 4, 2, 2, 65536, 8, cursor, "add")
+    plans, steps = schedule.plan_call(1_000_003, 4, 2, 2, 65536, 8, "add")
     want_plans = layout.plan_slices(1_000_003, 4, 2, 2, 65536)
-    want_steps, want_after = schedule.plan_steps(len(want_plans), want_plans[-1].tail > 0, 2, 8,
-                                                 layout.PADDING_SLOTS, cursor, "add")
-    assert (plans, steps, after) == (want_plans, want_steps, want_after)
-    assert schedule.plan_call(1_000_003, 4, 2, 2, 65536, 8, cursor, "add")[1] is steps
+    want_steps = schedule.plan_steps(len(want_plans), want_plans[-1].tail > 0, 2, 8, "add")
+    assert (plans, steps) == (want_plans, want_steps)
+    assert schedule.plan_call(1_000_003, 4, 2, 2, 65536, 8, "add")[1] is steps
 
 
 def test_the_plan_package_imports_only_the_standard_library_and_itself() -> None:
@@ -265,8 +287,7 @@ def _seen(order: list[list[schedule.Step]]) -> dict[tuple[int, str, str], tuple[
                                                   (4, 1, "diffuse")])
 def test_waves_see_the_records_that_slice_major_order_sees(devices: int, slots: int,
                                                            reader: str) -> None:
-    steps, _ = schedule.plan_steps(9, True, devices, staging_slots=slots, padding_slots=2,
-                                   cursor=schedule.Cursor(), slot_reader=reader)
+    steps = schedule.plan_steps(9, True, devices, staging_slots=slots, slot_reader=reader)
     waves = schedule.waves(steps)
     assert sorted(steps, key=id) == sorted((s for w in waves for s in w), key=id)  # each once
     assert _seen([[s] for s in steps]) == _seen([list(w) for w in waves])

@@ -49,8 +49,6 @@ class Issuer:
         """The Communicator's, replaced with it (Communicator.config): min_bytes is read
         per call."""
         self.wire = getattr(torch, config.wire_dtype) if config.wire_dtype else None
-        self.cursor = schedule.Cursor()
-        """Where the next hierarchical call's slices start in the staging slot rotation."""
         self.worker = None if res.is_cuda else concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="ringreduce")
         self._stage_peers: dict[str, tuple[int, ...]] = {}
@@ -105,8 +103,7 @@ class Issuer:
                     and not self.route_flat(t) and native.warm(t, op):
                 record.route = f"hierarchical ({native.mode})"
                 after = self.after_pending(t, native_jobs=True)
-                fut, ends, self.cursor = native.issue(t, op, async_op, self.cursor,
-                                                      lambda: self.ctx(record), after)
+                fut, ends = native.issue(t, op, async_op, lambda: self.ctx(record), after)
                 if async_op:
                     self._pend(t, ends[0][1].seq)
                 return fut, ends
@@ -162,9 +159,9 @@ class Issuer:
         res.sync.enter()
         topo = res.topo
         ctx.wire = self.wire if t.dtype == torch.float32 else None
-        plans, waves, self.cursor = schedule.plan_waves(
+        plans, waves = schedule.plan_waves(
             t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
-            res.call_slice_bytes(t.numel() * t.element_size()), res.staging_slots, self.cursor,
+            res.call_slice_bytes(t.numel() * t.element_size()), res.staging_slots,
             "add" if ctx.wire is None else "diffuse", res.wave_groups)
         run_waves(waves, t.view(-1), plans, op, ctx)
         return schedule.active_stages(topo.devices_per_machine)[-1]

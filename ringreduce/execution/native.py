@@ -56,7 +56,6 @@ from ringreduce.errors import RingReduceError, stage_error
 from ringreduce.execution import recording
 from ringreduce.execution.recording import extension
 from ringreduce.plan import schedule
-from ringreduce.plan.schedule import Cursor
 
 log = logging.getLogger("ringreduce")
 
@@ -65,8 +64,8 @@ _DRAIN_POLL_S = 0.1
 """How often a host waiting for the worker to issue its queue looks for a failure."""
 _PROGRAMS = 4096
 """Traced programs kept per Communicator (about 14 KB each for a 25 MiB call at 2 x 2):
-the keys repeat in training (DDP's bucket sizes times the slot positions), and a
-workload of ever-new sizes must not grow memory without bound."""
+the keys repeat in training (one per DDP bucket size), and a workload of ever-new
+sizes must not grow memory without bound."""
 _STOP_WAIT_S = 2.0
 """How long a failure waits for the worker to leave NCCL before aborting anyway (the
 same bound as for a Python issuing thread, resources._ABORT_LOCK_WAIT_S)."""
@@ -184,7 +183,7 @@ class NativeIssuer:
             self._completer_thread.start()
         self._index = res.device.index
         self._raw_stream = _raw_stream_lookup()
-        self._programs: dict[tuple[Any, ...], tuple[Any, Cursor]] = {}
+        self._programs: dict[tuple[Any, ...], Any] = {}
         self._warm: set[tuple[Any, ...]] = set()
         """Kinds of call (size, dtype, op, alignment) the Python issuer ran once."""
 
@@ -246,11 +245,10 @@ class NativeIssuer:
         self._warm.add(kind)
         return False
 
-    def issue(self, t: torch.Tensor, op: str, async_op: bool, cursor: Cursor,
-              make_ctx: Callable[[], Any],
-              after: int = 0) -> tuple[Any, list[tuple[str, Any]], Cursor]:
+    def issue(self, t: torch.Tensor, op: str, async_op: bool, make_ctx: Callable[[], Any],
+              after: int = 0) -> tuple[Any, list[tuple[str, Any]]]:
         """Issue (native) or queue (native-async) one hierarchical all_reduce; returns
-        (Future or None, watchdog ends, the cursor after it). ``after``: an earlier job
+        (Future or None, watchdog ends). ``after``: an earlier job
         on the same memory that this one follows on the device (0: none); the issuing
         thread adds the wait, so the caller never waits for that job's issue. Raises at
         once if the issuer already failed."""
@@ -258,14 +256,13 @@ class NativeIssuer:
         if error is not None:
             raise RingReduceError(self.failure_text())
         base = t.data_ptr()
-        key = (t.numel(), t.dtype, op, cursor, base & 15)
-        entry = self._programs.get(key)
-        if entry is None:
+        key = (t.numel(), t.dtype, op, base & 15)
+        program = self._programs.get(key)
+        if program is None:
             if len(self._programs) >= _PROGRAMS:
                 del self._programs[next(iter(self._programs))]  # the oldest traced
-            entry = self._programs[key] = recording.trace(
-                self.res, self.wire, self.stages, t, op, cursor, make_ctx())
-        program, next_cursor = entry
+            program = self._programs[key] = recording.trace(
+                self.res, self.wire, self.stages, t, op, make_ctx())
         caller = self._raw_stream(self._index)
         if self.inline:  # issued before run() returns: the caller's thread is the issuer
             seq = self.worker.run(program, base, caller, after)
@@ -279,14 +276,14 @@ class NativeIssuer:
         ends = [(stage, done) for stage in self.stages]
         if not async_op:
             self.worker.stream_wait(caller, seq)
-            return None, ends, next_cursor
+            return None, ends
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
         t.record_stream(self.done)  # the done stream is the tensor's last user here
         if self.inline:
             self._complete_after(seq, fut, t)
         else:
             self._completer.put((seq, fut, t))
-        return fut, ends, next_cursor
+        return fut, ends
 
     def _raise_if_refused(self, seq: int) -> None:
         """An issued job that NCCL or CUDA refused raises from its call, as Python does."""

@@ -2,7 +2,7 @@
 
 The Python issuer (pipeline.run_waves) already makes exactly the right CUDA and NCCL
 calls; what costs is making ~100 of them from Python. So the same walk runs once per
-plan key (numel, dtype, op, slot cursor, base alignment) against *recording*
+plan key (numel, dtype, op, base alignment) against *recording*
 collaborators:
 
   pipeline.run_waves --sync-->      RecordedStreams   wait/record events, tail copies
@@ -33,7 +33,7 @@ from ringreduce.execution import nccl
 from ringreduce.execution.pipeline import run_waves
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import schedule
-from ringreduce.plan.schedule import ENTRY, Cursor
+from ringreduce.plan.schedule import ENTRY
 
 if TYPE_CHECKING:
     from ringreduce.execution.context import CallContext
@@ -179,14 +179,14 @@ class RecordedStreams:
 
 
 def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Tensor,
-          op: str, cursor: Cursor, ctx: CallContext) -> tuple[Any, Cursor]:
-    """(the program of this call, the cursor after it): the plan walked against
-    recording collaborators; nothing is issued."""
+          op: str, ctx: CallContext) -> Any:
+    """The program of this call: the plan walked against recording collaborators;
+    nothing is issued."""
     topo = res.topo
     ctx.wire = wire if t.dtype == torch.float32 else None
-    plans, waves, after = schedule.plan_waves(
+    plans, waves = schedule.plan_waves(
         t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
-        res.call_slice_bytes(t.numel() * t.element_size()), res.staging_slots, cursor,
+        res.call_slice_bytes(t.numel() * t.element_size()), res.staging_slots,
         "add" if ctx.wire is None else "diffuse", res.wave_groups)
     rec = Recorder(t.data_ptr(), t.numel() * t.element_size(), stages)
     kernels = copy.copy(res.kernels)
@@ -199,4 +199,4 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
     run_waves(waves, t.view(-1), plans, op, ctx)
     rec.stage = len(stages) - 1
     rec.emit("write_flag")
-    return rec.program(), after
+    return rec.program()

@@ -15,8 +15,8 @@ records). Each step is then timed as the CUDA streams would run it::
 ``alpha`` is the stage's latency; ``occupancy`` holds its link (NVLink for
 reduce_scatter/all_gather, the rail NIC share for collect/diffuse, device memory for add),
 so stages that share a link queue on it, in the order they become ready. Several calls
-(buckets) continue the same streams, events, slot rotation and host clock, so they overlap
-as the engine's do.
+(buckets) continue the same streams, events and host clock, each starting at staging slot
+0 as the engine's calls do, so they overlap as the engine's do.
 """
 
 from __future__ import annotations
@@ -86,10 +86,10 @@ def _plan(numel: int, itemsize: int, d: int, m: int, slice_bytes: int, slots: in
     call, index, stage, size, deps = [], [], [], [], []
     last_on: dict[str, int] = {}
     recorder: dict[str, int] = {}
-    cursor, slices = schedule.Cursor(), []
+    slices = []
     for c in range(calls):
-        plans, steps, cursor = schedule.plan_call(numel, itemsize, d, m, slice_bytes, slots,
-                                                  cursor, slot_reader)
+        plans, steps = schedule.plan_call(numel, itemsize, d, m, slice_bytes, slots,
+                                          slot_reader)
         slices.append(len(plans))
         for step in steps:
             mine = {recorder[w] for w in step.waits if w in recorder}

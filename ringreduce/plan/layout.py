@@ -16,9 +16,11 @@ from dataclasses import dataclass
 #: and NCCL's fastest copy paths want 16-byte alignment.
 ALIGN_BYTES = 16
 
-#: Padding slots in rotation. Each holds D*M elements (a few hundred bytes), so the
-#: count only bounds how many tails can be in flight before one is copied back.
-PADDING_SLOTS = 16
+#: Padding slots: one. Only a call's last slice can have a tail, and every call's tail
+#: uses slot 0 (schedule.py: a call's steps never depend on the calls before it), so the
+#: next call's tail waits for this one's to be copied back, long after the rail stream
+#: moved on to the next call.
+PADDING_SLOTS = 1
 
 
 #: A call the default slice size would leave in fewer pieces is cut into this many: one

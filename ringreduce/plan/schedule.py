@@ -9,6 +9,16 @@ One event per edge is enough: the host issues slices in order, so every wait on
 slice records it again. Slots are different: slice i+S reuses the staging slot of
 slice i, so each slot has its own "free" event.
 
+Every call starts at staging slot 0 and padding slot 0, so its steps depend only on
+its own plan, never on the calls before it: one kind of call (size, dtype, op) has one
+program for the native issuer to trace and replay. While slots rotated across calls,
+a kind of call needed a program per rotation position (up to 64 x 16 of them, each
+traced by a ~3 ms Python walk), so DDP's buckets were traced anew for the first ~8
+steps and a model with a few hundred bucket sizes could outgrow the program cache
+and trace every call. Starting at slot 0 costs little overlap: slice i of the next
+call waits for the ``add`` of slice i of this one, which ends long before the rail
+stream reaches the next call.
+
 Steps are issued in *waves* (``waves``): wave w holds the stages that can go together,
 e.g. all_gather of slice w-3 ... reduce_scatter of slice w, and their NCCL operations
 go out as one NCCL group (one ncclGroupEnd for up to four communicators instead of
@@ -90,33 +100,22 @@ class Step:
     after the last."""
 
 
-@dataclass(frozen=True)
-class Cursor:
-    """Where slot rotation stands between calls (slots rotate across calls too)."""
-
-    staging: int = 0
-    padding: int = 0
-
-
 def plan_steps(n_slices: int, tail_on_last: bool, devices: int, staging_slots: int,
-               padding_slots: int, cursor: Cursor,
-               slot_reader: str = "add") -> tuple[tuple[Step, ...], Cursor]:
-    """Steps of one call, slice-major, and the cursor for the next call.
+               slot_reader: str = "add") -> tuple[Step, ...]:
+    """Steps of one call, slice-major: slice i in staging slot i mod ``staging_slots``,
+    a tail in padding slot 0 (module docstring: every call starts there).
 
     ``slot_reader`` is the last stage that uses a slice's staging slot: ``add``, or
     ``diffuse`` when a 16-bit wire format also stages the diffused rows there."""
     stages = active_stages(devices)
     steps: list[Step] = []
-    staging, padding = cursor.staging, cursor.padding
     for i in range(n_slices):
         last = i == n_slices - 1
-        pad = padding if (tail_on_last and last) else None
+        pad = 0 if (tail_on_last and last) else None
         for position, stage in enumerate(stages):
-            steps.append(_step(i, stage, stages, position, staging, pad, last, slot_reader))
-        staging = (staging + 1) % staging_slots
-        if pad is not None:
-            padding = (padding + 1) % padding_slots
-    return tuple(steps), Cursor(staging, padding)
+            steps.append(_step(i, stage, stages, position, i % staging_slots, pad, last,
+                               slot_reader))
+    return tuple(steps)
 
 
 def _step(i: int, stage: str, stages: tuple[str, ...], position: int, staging: int,
@@ -207,24 +206,21 @@ def waves(steps: tuple[Step, ...], grouped: bool = True) -> tuple[Wave, ...]:
 
 @functools.lru_cache(maxsize=1024)
 def plan_waves(numel: int, itemsize: int, devices: int, machines: int, slice_bytes: int,
-               staging_slots: int, cursor: Cursor, slot_reader: str, grouped: bool,
-               ) -> tuple[tuple[layout.SlicePlan, ...], tuple[Wave, ...], Cursor]:
+               staging_slots: int, slot_reader: str, grouped: bool,
+               ) -> tuple[tuple[layout.SlicePlan, ...], tuple[Wave, ...]]:
     """plan_call with its steps as waves (memoised the same way)."""
-    plans, steps, after = plan_call(numel, itemsize, devices, machines, slice_bytes,
-                                    staging_slots, cursor, slot_reader)
-    return plans, waves(steps, grouped), after
+    plans, steps = plan_call(numel, itemsize, devices, machines, slice_bytes, staging_slots,
+                             slot_reader)
+    return plans, waves(steps, grouped)
 
 
 @functools.lru_cache(maxsize=1024)
 def plan_call(numel: int, itemsize: int, devices: int, machines: int, slice_bytes: int,
-              staging_slots: int, cursor: Cursor, slot_reader: str,
-              ) -> tuple[tuple[layout.SlicePlan, ...], tuple[Step, ...], Cursor]:
-    """A call's slices and steps, and the cursor after it. Pure and immutable, so
-    memoised: planning a 25 MiB call costs 60-90 us of Python (2 x 1 and 2 x 2, on a
-    2-core CI-class CPU), a cache hit 0.4 us, and training repeats the same sizes from
-    the same slot positions."""
+              staging_slots: int, slot_reader: str,
+              ) -> tuple[tuple[layout.SlicePlan, ...], tuple[Step, ...]]:
+    """A call's slices and steps. Pure and immutable, so memoised: planning a 25 MiB
+    call costs 60-90 us of Python (2 x 1 and 2 x 2, on a 2-core CI-class CPU), a cache
+    hit 0.4 us, and training repeats the same sizes."""
     plans = layout.plan_slices(numel, itemsize, devices, machines, slice_bytes)
-    steps, after = plan_steps(len(plans), plans[-1].tail > 0, devices, staging_slots,
-                              padding_slots=layout.PADDING_SLOTS, cursor=cursor,
-                              slot_reader=slot_reader)
-    return plans, steps, after
+    steps = plan_steps(len(plans), plans[-1].tail > 0, devices, staging_slots, slot_reader)
+    return plans, steps

@@ -42,13 +42,7 @@ and buckets by ``--bucket-mb`` from the second step on.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import datetime
-import functools
-import json
-import os
-import sys
 import time
 from typing import Any
 
@@ -60,11 +54,12 @@ import ringreduce
 
 from ..integrations.backend import RingReduceGroup
 from .dlrm_model import Spec
-from .launch import Launch, detect, nccl_variables, run_ranks
 from .transformer_model import TransformerSpec
 from .workloads import DEFAULT_BATCH, DEFAULT_LR, MODELS, Workload, workload
 
 MODES = ("nccl", "hook", "backend")
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """One run; the same on every rank. ``spec`` shapes the dlrm model, ``transformer``
@@ -203,167 +198,3 @@ def run_modes(opts: Options, device: torch.device) -> list[ModeRun]:
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the next mode starts from the same free memory
     return runs
-
-
-def table(runs: list[ModeRun]) -> str:
-    """mode, steps, samples/s, ratio and max |loss diff| against nccl, final loss, and the
-    engine's calls per timed step (DDP's bucket count; "-" in nccl mode, which has no
-    engine)."""
-    ref = next((r for r in runs if r.mode == "nccl"), None)
-    lines = [f"{'mode':<8} {'steps':>5} {'samples/s':>11} {'vs nccl':>7} {'final loss':>10} "
-             f"{'max|dloss| vs nccl':>18} {'calls/step':>10}"]
-    for r in runs:
-        ratio = f"{r.samples_per_s / ref.samples_per_s:.2f}" if ref else "n/a"
-        diff = f"{max(abs(a - b) for a, b in zip(r.losses, ref.losses, strict=True)):.3g}" \
-            if ref else "n/a"
-        calls = "-" if r.mode == "nccl" else f"{r.timed_engine_calls / r.timed_steps:.4g}"
-        lines.append(f"{r.mode:<8} {r.timed_steps:>5} {r.samples_per_s:>11.1f} {ratio:>7} "
-                     f"{r.losses[-1]:>10.6f} {diff:>18} {calls:>10}")
-    return "\n".join(lines)
-
-
-def describe(opts: Options, launch: Launch, device: torch.device) -> str:
-    work = opts.workload()
-    return (f"# {work.shape}, "
-            f"{work.grad_bytes / 1e6:.1f} MB fp32 gradients; world {dist.get_world_size()} "
-            f"({launch.launcher}), machines {opts.machines or 'from host ids'}, "
-            f"batch {opts.batch}/rank, {opts.steps} steps ({opts.warmup} warm-up), "
-            f"lr {opts.lr}, seed {opts.seed}, device {device.type}, "
-            f"default group {dist.get_backend_config()}")
-
-
-def write_outputs(args: argparse.Namespace, opts: Options, launch: Launch,
-                  device: torch.device, runs: list[ModeRun]) -> None:
-    if args.json:
-        meta = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                "argv": sys.argv[1:], "torch": torch.__version__,
-                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                "launcher": launch.launcher, "world_size": dist.get_world_size(),
-                "backend_config": str(dist.get_backend_config()),
-                "grad_bytes": opts.workload().grad_bytes, "options": dataclasses.asdict(opts),
-                "nccl_env": nccl_variables()}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "runs": [dataclasses.asdict(r) for r in runs]}, f,
-                      indent=1)
-    if args.plot:
-        plot(runs, args.plot, describe(opts, launch, device).lstrip("# "))
-
-
-def plot(runs: list[ModeRun], path: str, title: str) -> None:
-    import matplotlib  # optional dependency: only --plot needs it
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for r in runs:
-        ax.plot(range(len(r.losses)), r.losses, label=f"{r.mode} ({r.samples_per_s:.0f}/s)")
-    ax.set(xlabel="step", ylabel="training loss (mean over ranks)")
-    ax.set_title(title, fontsize=7, wrap=True)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def rank_main(args: argparse.Namespace, opts: Options, launch: Launch,
-              device: torch.device) -> list[dict[str, Any]]:
-    """One rank's run; plain dicts back, because spawned ranks pickle their result and a
-    class of a script run as __main__ would not unpickle in the parent."""
-    runs = run_modes(opts, device)
-    if dist.get_rank() == 0:
-        print(describe(opts, launch, device), flush=True)
-        print(table(runs), flush=True)
-        write_outputs(args, opts, launch, device, runs)
-    return [dataclasses.asdict(r) for r in runs]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add, d = p.add_argument, Options()
-    add("--modes", "--mode", default=",".join(d.modes), help="comma list of nccl, hook, backend")
-    add("--device", choices=("cuda", "cpu"), help="default: cuda when there")
-    add("--model", choices=MODELS, default=d.model, help="the workload (see above)")
-    add_model_arguments(p, d)
-    add("--batch", type=int, help="samples (dlrm) or sequences (transformer) per rank; "
-        f"default {', '.join(f'{v} ({k})' for k, v in DEFAULT_BATCH.items())}")
-    for name in ("steps", "warmup", "seed"):
-        add(f"--{name}", type=int, default=getattr(d, name))
-    add("--lr", type=float, help="plain SGD's; default "
-        f"{', '.join(f'{v} ({k})' for k, v in DEFAULT_LR.items())}")
-    add("--bucket-mb", type=float, default=d.bucket_mb, help="DDP bucket_cap_mb")
-    add("--machines", type=int, help="virtual machines of hook and backend modes; "
-        "default: from host ids (2 for standalone CPU runs)")
-    add("--min-bytes", type=int, help="min_bytes of hook and backend modes' engines")
-    add("--nprocs", type=int, help="processes to spawn without a launcher (default 4 on CPU)")
-    add("--json", help="write {meta, runs} here")
-    add("--plot", help="write the loss curves here (PNG, needs matplotlib)")
-    return p
-
-
-def add_model_arguments(p: argparse.ArgumentParser, d: Options) -> None:
-    """Each model's shape; the other model's are ignored."""
-    dlrm = p.add_argument_group("dlrm model (--model dlrm)").add_argument
-    dlrm("--tables", type=int, default=d.spec.tables)
-    dlrm("--rows", type=int, default=d.spec.rows, help="rows per table")
-    dlrm("--dim", type=int, default=d.spec.dim)
-    dlrm("--bag", type=int, default=d.spec.bag, help="ids per bag")
-    tf = p.add_argument_group("transformer model (--model transformer)").add_argument
-    tf("--layers", type=int, default=d.transformer.layers)
-    tf("--width", type=int, default=d.transformer.width)
-    tf("--heads", type=int, default=d.transformer.heads)
-    tf("--seq", type=int, default=d.transformer.seq, help="tokens per sequence")
-    tf("--vocab", type=int, default=d.transformer.vocab)
-
-
-def options(args: argparse.Namespace, cuda: bool) -> Options:
-    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    bad = [m for m in modes if m not in MODES] + (["(none)"] if not modes else [])
-    if bad:
-        raise SystemExit(f"--modes {args.modes!r}: unknown {bad}; use a comma list of "
-                         f"{', '.join(MODES)}")
-    if not 0 <= args.warmup < args.steps:
-        raise SystemExit(f"--warmup {args.warmup} --steps {args.steps}: need 0 <= warmup < "
-                         "steps (the steps after warm-up are timed)")
-    machines = args.machines
-    if machines is None and not cuda and detect().launcher == "standalone":
-        machines = 2 if (args.nprocs or 4) % 2 == 0 else 1  # as ringreduce.bench on CPU
-    spec = Spec(tables=args.tables, rows=args.rows, dim=args.dim, bag=args.bag)
-    try:
-        transformer = TransformerSpec(vocab=args.vocab, width=args.width, layers=args.layers,
-                                      heads=args.heads, seq=args.seq)
-    except ValueError as e:
-        raise SystemExit(f"{e} (--vocab, --width, --layers, --heads, --seq)") from None
-    for name in ("batch", "lr"):  # 0 would ask Options for the model's default
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            raise SystemExit(f"--{name} {getattr(args, name)}: must be positive; leave it out "
-                             f"for the model's default")
-    return Options(modes=modes, spec=spec, batch=args.batch or 0, steps=args.steps,
-                   warmup=args.warmup, lr=args.lr or 0.0, seed=args.seed,
-                   bucket_mb=args.bucket_mb, machines=machines, min_bytes=args.min_bytes,
-                   model=args.model, transformer=transformer)
-
-
-def backend_env(opts: Options) -> dict[str, str]:
-    """--machines/--min-bytes for the backend's engine, which has no arguments."""
-    env = {"RINGREDUCE_MACHINES": opts.machines, "RINGREDUCE_MIN_BYTES": opts.min_bytes}
-    return {k: str(v) for k, v in env.items() if v is not None}
-
-
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    args = build_parser().parse_args(argv)
-    cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
-    opts = options(args, cuda)
-    backend = None
-    if "backend" in opts.modes:
-        backend = "cpu:gloo,cuda:ringreduce" if cuda else "cpu:ringreduce"
-        # The backend builds its engine from Config's variables: give it the hook's
-        # settings (set before the ranks start, so spawned ranks inherit them).
-        os.environ.update(backend_env(opts))
-    return run_ranks(functools.partial(rank_main, args, opts), args.nprocs, backend=backend,
-                     cuda=cuda)
-
-
-if __name__ == "__main__":
-    main()

@@ -921,6 +921,43 @@ PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+// follow(stream, seq, timeout_s=-1) -> 1, 0 or -1: once job seq is issued, `stream`
+// waits (on the device) for its done event, as stream_wait does (1); 0: not issued
+// within timeout_s; -1: the job failed or was refused (error() says why), and nothing
+// was enqueued. All of it in one release of the GIL: it is the completer thread's whole
+// work per Future but set_result, and each time that thread takes the GIL back from a
+// caller making calls back to back, the caller waits (results 2026-11-25-h100-lean-call).
+PyObject* issuer_follow(Issuer* self, PyObject* args) {
+    unsigned long long stream;
+    unsigned long seq_arg;
+    double timeout_s = -1;
+    if (!PyArg_ParseTuple(args, "Kk|d", &stream, &seq_arg, &timeout_s)) return nullptr;
+    State& s = *self->s;
+    uint32_t seq = static_cast<uint32_t>(seq_arg);
+    auto issued = [&] { return static_cast<int32_t>(s.issued.load() - seq) >= 0; };
+    int out = 1;
+    CUresult r = 0;
+    Py_BEGIN_ALLOW_THREADS
+    {  // mu is released before the GIL is taken back (wait_for says why)
+        std::unique_lock<std::mutex> lock(s.mu);
+        bool ok = true;
+        if (timeout_s < 0) s.idle_cv.wait(lock, issued);
+        else ok = s.idle_cv.wait_for(lock, std::chrono::duration<double>(timeout_s), issued);
+        if (!ok) out = 0;
+        else if (s.failure.set && static_cast<int32_t>(seq - s.failure.seq) >= 0) out = -1;
+    }
+    if (out == 1 && s.has_cuda) {
+        make_current(s);
+        r = s.cuda.streamWaitEvent(reinterpret_cast<CUstream>(stream), s.dones[seq % kEntryRing], 0);
+    }
+    Py_END_ALLOW_THREADS
+    if (r) {
+        PyErr_SetString(PyExc_RuntimeError, cu_error(s, r, "cuStreamWaitEvent (done)").c_str());
+        return nullptr;
+    }
+    return PyLong_FromLong(out);
+}
+
 // state(seq): 1 finished (flag reached it; CPU-only issuers: issued), 0 pending,
 // -1 failed (the worker stored an error).
 PyObject* issuer_state(Issuer* self, PyObject* arg) {
@@ -1129,6 +1166,8 @@ PyMethodDef issuer_methods[] = {
      "wait_issued(seq, timeout_s=-1) -> bool: job seq was issued (or failed)"},
     {"stream_wait", reinterpret_cast<PyCFunction>(issuer_stream_wait), METH_VARARGS,
      "stream_wait(stream, seq): the stream waits for an issued job's done event"},
+    {"follow", reinterpret_cast<PyCFunction>(issuer_follow), METH_VARARGS,
+     "follow(stream, seq, timeout_s=-1) -> 1 (the stream waits for job seq), 0 or -1"},
     {"state", reinterpret_cast<PyCFunction>(issuer_state), METH_O,
      "state(seq): 1 finished, 0 pending, -1 failed"},
     {"error", reinterpret_cast<PyCFunction>(issuer_error), METH_NOARGS,

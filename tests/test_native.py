@@ -469,6 +469,23 @@ def test_wait_issued_returns_once_the_worker_issued_that_job() -> None:
     issuer.close()
 
 
+@built
+def test_follow_waits_for_the_issue_and_refuses_failed_jobs() -> None:
+    """The completer's one call per Future: 0 while the job is not issued (after its
+    timeout), 1 once it is (the stream would now wait for its done event), -1 for the
+    failed job and every one after it, none of them followed."""
+    issuer = _native.Issuer()
+    slow = _native.Program(_instr("nop", 100_000), b"", 0)  # 100 ms a job
+    bad = _native.Program(_instr("fail", stage=1), b"", 0)
+    first, second, third = (issuer.submit(p, 0, 0) for p in (slow, bad, slow))
+    assert issuer.follow(0, first, 0.0) == 0  # not issued yet
+    assert issuer.follow(0, first, 10.0) == 1
+    assert issuer.follow(0, second, 10.0) == -1 and issuer.error()[:2] == (2, 1)
+    assert issuer.follow(0, third) == -1  # no timeout: until issued
+    assert issuer.follow(0, first, 0.0) == 1  # jobs before the failure still completed
+    issuer.close()
+
+
 _GIL_AND_LOCK = """
 import threading
 from ringreduce.execution import native

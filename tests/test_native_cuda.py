@@ -197,7 +197,7 @@ def _sweep_worker(rank: int, world: int, issuer: str) -> None:
         sizes = [*sizes_for(comm.topology.devices_per_machine, comm.topology.machines),
                  65537]
         for _ in range(2):  # the first call of each kind is issued from Python, the rest
-            assert sweep(comm, sizes, dev) > 0  # by the worker (native.NativeIssuer.warm)
+            assert sweep(comm, sizes, dev) > 0  # by the worker (NativeIssuer.program)
             interleaved(comm, [1, 1000, 4097, 300_001], dev)
             # ~1000 slices, so ~1000 wave groups: one dtype and op (every dtype x op of it
             # took longer than 180 s at 4 x 2 on one GPU, run 13), twice: traced, replayed

@@ -99,11 +99,12 @@ class Issuer:
         capturing = torch.cuda.is_current_stream_capturing()
         native = self.res.native
         if native is not None:  # native.py; captures and graphs stay on this thread
-            if not capturing and self.res.graphs is None and t.numel() \
-                    and not self.route_flat(t) and native.warm(t, op):
-                record.route = f"hierarchical ({native.mode})"
+            program = None if capturing or self.res.graphs is not None or not t.numel() \
+                or self.route_flat(t) else native.program(t, op, lambda: self.ctx(record))
+            if program is not None:
+                record.route = native.route
                 after = self.after_pending(t, native_jobs=True)
-                fut, ends = native.issue(t, op, async_op, lambda: self.ctx(record), after)
+                fut, ends = native.issue(t, program, async_op, after)
                 if async_op:
                     self._pend(t, ends[0][1].seq)
                 return fut, ends

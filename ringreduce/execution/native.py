@@ -56,8 +56,13 @@ from ringreduce.errors import RingReduceError, stage_error
 from ringreduce.execution import recording
 from ringreduce.execution.recording import extension
 from ringreduce.plan import schedule
+from ringreduce.safety.flight import Record
 
 log = logging.getLogger("ringreduce")
+
+_INLINE, _QUEUED = "hierarchical (native)", "hierarchical (native-async)"
+"""A call's route in the flight record: issued on the caller's thread, or queued for
+the worker thread."""
 
 _LIBCUDA = "libcuda.so.1"
 _DRAIN_POLL_S = 0.1
@@ -165,8 +170,6 @@ class NativeIssuer:
         """Issue on the caller's thread (Issuer.run, "native"), else queue for the
         worker thread (Issuer.submit, "native-async")."""
         self.mode = "native" if inline else "native-async"
-        self.route = f"hierarchical ({self.mode})"
-        """What the flight record says of a call it issues."""
         self.topo = res.topo
         self.stages = schedule.active_stages(self.topo.devices_per_machine)
         last = self.stages[-1]
@@ -176,13 +179,13 @@ class NativeIssuer:
             self.worker.enable_probes(probes)  # Config.issue_probes: a hang's diagnosis
         self.done = torch.cuda.Stream(res.device, priority=-1)
         self._done_handle = self.done.cuda_stream
-        self._completer: queue.SimpleQueue[tuple[int, Any, torch.Tensor] | None] = \
+        self._completer: queue.SimpleQueue[tuple[int, Any, torch.Tensor, Record] | None] = \
             queue.SimpleQueue()
         self._completer_thread: threading.Thread | None = None
-        if not inline:  # only queued jobs need someone to complete their Futures
-            self._completer_thread = threading.Thread(target=self._complete, daemon=True,
-                                                      name="ringreduce-native-futures")
-            self._completer_thread.start()
+        """Started at the first queued asynchronous call: only those need someone to
+        complete their Futures."""
+        self._queued = False
+        """A job was ever queued: a call issued on the caller's thread drains first."""
         self._index = res.device.index
         self._raw_stream = _raw_stream_lookup()
         self._programs: dict[tuple[Any, ...], Any] = {}
@@ -254,24 +257,30 @@ class NativeIssuer:
                                                         op, make_ctx())
         return program
 
-    def issue(self, t: torch.Tensor, program: Any, async_op: bool,
-              after: int = 0) -> tuple[Any, list[tuple[str, Any]]]:
-        """Issue (native) or queue (native-async) one hierarchical all_reduce of
-        ``program`` (see ``program``); returns (Future or None, watchdog ends). ``after``:
-        an earlier job on the same memory that this one follows on the device (0: none);
-        the issuing thread adds the wait, so the caller never waits for that job's issue.
-        Raises at once if the issuer already failed."""
+    def issue(self, t: torch.Tensor, program: Any, async_op: bool, record: Record,
+              after: int = 0, queued: bool | None = None) -> tuple[Any, list[tuple[str, Any]]]:
+        """Issue one hierarchical all_reduce of ``program`` (see ``program``) on the
+        caller's thread, or queue it for the worker (``queued``; None: as this issuer's
+        mode says); returns (Future or None, watchdog ends) and names the way in
+        ``record.route``. ``after``: an earlier job on the same memory that this one
+        follows on the device (0: none); the issuing thread adds the wait, so the caller
+        never waits for that job's issue. Raises at once if the issuer already failed."""
         if self.worker.error() is not None:
-            raise RingReduceError(self.failure_text())
+            raise RingReduceError(self.failure_text(record))
+        queued = not self.inline if queued is None else queued
+        record.route = _QUEUED if queued else _INLINE
         caller = self._raw_stream(self._index)
-        if self.inline:  # issued before run() returns: the caller's thread is the issuer
-            seq = self.worker.run(program, t.data_ptr(), caller, after)
-        else:
+        if queued:
+            self._queued = True
             seq = self.worker.submit(program, t.data_ptr(), caller, after)
             if not async_op:
                 self.wait_issued(seq)  # the host waits for the issue, never for the device
-        if self.inline or not async_op:  # issued by now: a refusal raises from this call
-            self._raise_if_refused(seq)
+        else:  # issued before run() returns: the caller's thread is the issuer
+            if self._queued:
+                self.drain()  # run() refuses to overtake queued jobs
+            seq = self.worker.run(program, t.data_ptr(), caller, after)
+        if not queued or not async_op:  # issued by now: a refusal raises from this call
+            self._raise_if_refused(seq, record)
         # One end: the device does not say which stage is stuck, so the watchdog names
         # the first (with its peers), and polls one completion rather than one per stage.
         ends = [(self.stages[0], Completion(self, seq))]
@@ -280,17 +289,21 @@ class NativeIssuer:
             return None, ends
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
         t.record_stream(self.done)  # the done stream is the tensor's last user here
-        if self.inline:
-            self._complete_after(seq, fut, t)
+        if queued:
+            if self._completer_thread is None:
+                self._completer_thread = threading.Thread(
+                    target=self._complete, daemon=True, name="ringreduce-native-futures")
+                self._completer_thread.start()
+            self._completer.put((seq, fut, t, record))
         else:
-            self._completer.put((seq, fut, t))
+            self._complete_after(seq, fut, t)
         return fut, ends
 
-    def _raise_if_refused(self, seq: int) -> None:
+    def _raise_if_refused(self, seq: int, record: Record) -> None:
         """An issued job that NCCL or CUDA refused raises from its call, as Python does."""
         error = self.worker.error()
         if error is not None and error[0] <= seq:
-            raise RingReduceError(self.failure_text())
+            raise RingReduceError(self.failure_text(record))
 
     def _complete_after(self, seq: int, fut: torch.futures.Future[torch.Tensor],
                         t: torch.Tensor) -> None:
@@ -322,16 +335,16 @@ class NativeIssuer:
             item = self._completer.get()
             if item is None:
                 return
-            seq, fut, t = item
+            seq, fut, t, record = item
             try:
-                self._follow(seq)
+                self._follow(seq, record)
             except (RingReduceError, RuntimeError) as exc:
-                fut.set_exception(exc if isinstance(exc, RingReduceError)
-                                  else RingReduceError(f"{self.failure_text()}: {exc}"))
+                fut.set_exception(exc if isinstance(exc, RingReduceError) else
+                                  RingReduceError(f"{self.failure_text(record)}: {exc}"))
                 continue
             fut.set_result(t)
 
-    def _follow(self, seq: int) -> None:
+    def _follow(self, seq: int, record: Record) -> None:
         """The done stream waits for job ``seq`` once it is issued; raises if the job
         failed, or was never issued before this communicator failed."""
         state = self.worker.follow(self._done_handle, seq, _DRAIN_POLL_S)
@@ -340,17 +353,21 @@ class NativeIssuer:
         if state == 0:  # the communicator failed: one last look, without waiting
             state = self.worker.follow(self._done_handle, seq, 0)
         if state != 1:
-            raise RingReduceError(self.failure_text())
+            raise RingReduceError(self.failure_text(record))
 
-    def failure_text(self) -> str:
+    def failure_text(self, record: Record | None = None) -> str:
+        """The issuer's first failure, naming its stage and peers, and ``record``'s
+        operation when the error is raised for a call (the job that failed may be an
+        earlier one)."""
         error = self.worker.error()
         if error is None:
             return "the native issuer stopped"
         seq, stage_index, index, message = error
         stage = self.stages[stage_index] if 0 <= stage_index < len(self.stages) else "-"
-        return str(stage_error(stage, self.topo.rank,
-                               f"the native issuer (its job {seq}, instruction {index})",
-                               self.topo.peers(stage), message))
+        job = f"the native issuer's job {seq}, instruction {index}"
+        where = (f"operation #{record.op_number} (tensor of {record.numel} x {record.dtype}; "
+                 f"{job})" if record is not None else job)
+        return str(stage_error(stage, self.topo.rank, where, self.topo.peers(stage), message))
 
     def drain(self) -> None:
         """Before Python issues CUDA work itself: every native issuer of the process must

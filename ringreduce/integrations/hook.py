@@ -13,11 +13,12 @@ def ddp_hook(state: Communicator, bucket: dist.GradBucket) -> torch.futures.Futu
     """Average the bucket over the communicator's group, like torch's ``allreduce_hook``.
 
     The bucket is reduced in place and the Future holds ``bucket.buffer()``. On CUDA
-    the Future is completed on the last stage's stream, so the reducer's ``wait()``
-    only makes its stream wait; the autograd thread never blocks on the device. AVG
+    the Future is completed on a stream that follows the call, so the reducer's
+    ``wait()`` only makes its stream wait; the autograd thread never blocks on the
+    device. With the native issuer the call is queued for its worker thread
+    (``RINGREDUCE_HOOK_WORKER``, Config.hook_worker), and the backward's last bucket
+    returns once every queued call was issued. AVG
     divides once after the sum, in fp32 for 16-bit gradients (torch's hook divides
     first, in the gradient's own precision).
     """
-    fut = state.all_reduce(bucket.buffer(), op=dist.ReduceOp.AVG, async_op=True)
-    assert fut is not None
-    return fut
+    return state._hook_all_reduce(bucket.buffer(), bucket.is_last())

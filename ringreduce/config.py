@@ -62,7 +62,6 @@ _ENV = {
     "graphs": "RINGREDUCE_GRAPHS",
     "nccl_blocking": "RINGREDUCE_NCCL_BLOCKING",
     "issuer": "RINGREDUCE_ISSUER",
-    "hook_worker": "RINGREDUCE_HOOK_WORKER",
     "wave_groups": "RINGREDUCE_WAVE_GROUPS",
     "pair_comms": "RINGREDUCE_PAIR_COMMS",
     "issue_probes": "RINGREDUCE_ISSUE_PROBES",
@@ -198,27 +197,17 @@ class Config:
     deadlock (results 2026-11-25-h200-worker-hang); the native issuers of a process issue
     in one order, that of the calls. Not the default: while calls are queued,
     NCCL work the caller's thread issues itself (torch's ``dist`` calls) may hang, as
-    NCCL warns of two threads issuing on one device; DDP's hook is safe (DDP waits for
-    every bucket's Future before its own NCCL calls). ``None``: native where it can run (the
+    NCCL warns of two threads issuing on one device. DDP's hook keeps that rule: its
+    last bucket of a backward returns once the worker issued everything, before DDP's
+    own NCCL work (with find_unused_parameters it comes right after); NCCL work issued
+    *during* the backward (SyncBatchNorm, tensor-parallel layers) does not keep it.
+    ``None``: native where it can run (the
     extension is built, communicators are blocking (``nccl_blocking``), cupy imports),
     else python, with the reason logged once; an explicit native that cannot run is
     an error. Captures
     (the caller's and ringreduce's own graphs), the flat route and the block
     collectives are always issued from Python. ``python -m ringreduce.info`` says which
     issuer a CUDA call would use and why."""
-
-    hook_worker: bool = True
-    """CUDA, native issuer: DDP's hook (``ringreduce.ddp_hook``) queues its calls for the
-    worker thread, as ``issuer="native-async"`` does every call
-    (``RINGREDUCE_HOOK_WORKER``), so the autograd thread does not wait while a call is
-    issued (2 x 2, H100 under MPS, 25 MiB: 56 us back to back against NCCL's own 59,
-    results 2026-11-25-h100-lean-call). The backward's last bucket returns once every
-    queued call was issued: DDP may issue NCCL work of its own next (with
-    find_unused_parameters, right after the last bucket), and NCCL work of two threads
-    on one device must keep one order on every rank. False: the hook's calls are issued
-    on the autograd thread, as other calls are; for NCCL work of your own *during* the
-    backward (e.g. from autograd functions), which could otherwise interleave with the
-    worker's differently on different ranks."""
 
     wave_groups: bool = True
     """CUDA: issue each pipeline wave's NCCL operations (up to four stages of four

@@ -105,7 +105,7 @@ class Communicator:
         t, r, c = self._res.topo, self._res, self.config
         cuda = {"graphs": c.graphs, "nccl_blocking": int(c.nccl_blocking),
                 "wave_groups": int(c.wave_groups),
-                "pair_comms": int(c.paired_comms), "hook_worker": int(c.hook_worker)}
+                "pair_comms": int(c.paired_comms)}
         per_device = ", ".join(f"{k}={v if r.is_cuda else 'n/a (cpu)'}" for k, v in cuda.items())
         return (f"{t.machines} machines x {t.devices_per_machine} devices, "
                 f"{'cuda (nccl ' + str(r.nccl_version) + ')' if r.is_cuda else 'cpu (gloo)'}, "
@@ -124,29 +124,23 @@ class Communicator:
         synchronous call makes the caller's current stream wait (the host does not),
         and an async call's Future is CUDA-aware: ``wait()`` syncs streams only.
         """
-        return self._all_reduce(t, op, async_op)
-
-    def _all_reduce(self, t: torch.Tensor, op: Any, async_op: bool,
-                    queue: bool = False) -> torch.futures.Future[torch.Tensor] | None:
         self._usable()
         op_name = checks.op_name(op)
         checks.tensor(t, "all_reduce", "t", self._res.device)
         return self._call("all_reduce", t, op_name, async_op, t,
-                          lambda rec: self._issuer.all_reduce(t, op_name, async_op, rec, queue),
+                          lambda rec: self._issuer.all_reduce(t, op_name, async_op, rec),
                           lambda rec: self._issuer.execute(t, op_name, rec))
 
     def _hook_all_reduce(self, t: torch.Tensor, last: bool) -> torch.futures.Future[torch.Tensor]:
-        """DDP's hook (integrations/hook.py): an asynchronous AVG of a bucket. With
-        ``Config.hook_worker`` a native issuer queues it for its worker thread, so the
-        autograd thread does not wait for the issue; after the backward's ``last``
-        bucket this returns only once every queued call was issued, because DDP may
-        issue NCCL work of its own next (the unused-parameter map's all-reduce with
-        find_unused_parameters), and two threads issuing NCCL work on one device must
-        do it in one order on every rank."""
-        queue = self.config.hook_worker
-        fut = self._all_reduce(t, dist.ReduceOp.AVG, True, queue)
+        """DDP's hook (integrations/hook.py): an asynchronous AVG of a bucket. After the
+        backward's ``last`` bucket it returns only once every call queued for a
+        native-async worker was issued: DDP may issue NCCL work of its own next (with
+        find_unused_parameters, the unused-parameter map's all-reduce, right after the
+        last hook), and NCCL work of two threads on one device must keep one order on
+        every rank."""
+        fut = self.all_reduce(t, dist.ReduceOp.AVG, async_op=True)
         assert fut is not None
-        if last and queue and self._res.native is not None:
+        if last and self._res.native is not None and not self._res.native.inline:
             self._res.native.drain()
         return fut
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
 from ringreduce.execution import native
@@ -28,6 +29,7 @@ from ringreduce.execution import native
 from . import faults
 from .cases import check_equal, expected, interleaved, rank_input, sizes_for, sweep
 from .multiproc import run_test_ranks
+from .test_cpu_api import model, train
 from .test_gpu import IDS, TOPOLOGIES, _env
 from .test_gpu import pytestmark as gpu_marks
 from .test_gpu_faults import (
@@ -187,6 +189,36 @@ def test_gpu_native_issuer_killed_peer_becomes_an_error_within_the_deadline(issu
     run_test_ranks(_killed_worker, 2, issuer, backend="nccl",
                    env=_env_with_deadline(2, 1, {"RINGREDUCE_ISSUER": issuer}), timeout=240,
                    expect_exit={1: -signal.SIGKILL})
+
+
+def _ddp_worker(rank: int, world: int, issuer: str) -> None:
+    """The hook with each issuer against DDP on NCCL alone, with find_unused_parameters:
+    DDP then all-reduces its unused-parameter map on its own NCCL group right after the
+    last bucket's hook, on the autograd thread. With native-async the worker may still be
+    issuing then; the hook's last bucket waits until it has issued everything, so both
+    threads' NCCL work reaches the device in one order on every rank (else: a hang)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    nccl = dist.group.WORLD
+    reference = train(DDP(model().to(dev), bucket_cap_mb=0.01, find_unused_parameters=True),
+                      rank, 6, dev)
+    with ringreduce.Communicator(nccl, min_bytes=0, slice_bytes=4096) as comm, \
+            _diagnosed(comm, rank):
+        assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
+        hooked = DDP(model().to(dev), bucket_cap_mb=0.01, find_unused_parameters=True)
+        hooked.register_comm_hook(comm, ringreduce.ddp_hook)
+        for a, b in zip(train(hooked, rank, 6, dev), reference, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        last = comm._res.guard.recorder.last()  # the last bucket of the last step
+        assert last is not None and last.route == f"hierarchical ({issuer})", last
+        assert comm.wait_idle(60.0)
+
+
+@pytest.mark.parametrize("issuer", ["native", "native-async"])
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_ddp_hook_with_unused_parameter_detection_matches_plain_ddp(
+        machines: int, devices: int, issuer: str) -> None:
+    run_test_ranks(_ddp_worker, machines * devices, issuer, backend="nccl",
+                   env=_with_issuer(_env(machines, devices), issuer), timeout=240)
 
 
 def _sweep_worker(rank: int, world: int, issuer: str) -> None:

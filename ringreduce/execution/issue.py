@@ -92,12 +92,10 @@ class Issuer:
         res.guard.finish(record)  # on CUDA: issued (the device finishes later)
         return fut
 
-    def all_reduce(self, t: torch.Tensor, op: str, async_op: bool, record: Record,
-                   queue: bool = False) -> tuple[Any, Ends]:
+    def all_reduce(self, t: torch.Tensor, op: str, async_op: bool,
+                   record: Record) -> tuple[Any, Ends]:
         """One all_reduce on CUDA: the native issuer when it takes the call, else the
-        caller's capture, a graph replay, or the Python issuer, in that order.
-        ``queue``: a native issuer hands the call to its worker thread whatever its
-        mode (DDP's hook, Config.hook_worker)."""
+        caller's capture, a graph replay, or the Python issuer, in that order."""
         capturing = torch.cuda.is_current_stream_capturing()
         native = self.res.native
         if native is not None:  # native.py; captures and graphs stay on this thread
@@ -105,8 +103,7 @@ class Issuer:
                 or self.route_flat(t) else native.program(t, op, lambda: self.ctx(record))
             if program is not None:
                 after = self.after_pending(t, native_jobs=True)
-                fut, ends = native.issue(t, program, async_op, record, after,
-                                         True if queue else None)
+                fut, ends = native.issue(t, program, async_op, record, after)
                 if async_op:
                     self._pend(t, ends[0][1].seq)
                 return fut, ends

@@ -17,8 +17,11 @@ first time by recording.trace) and one call into ringreduce._native (native/issu
                 2026-11-25-h200-worker-hang, fixed there). While jobs are queued, the
                 caller's thread must not issue NCCL work of its own (torch's dist
                 calls): two threads issuing on communicators of one device at once hung
-                there. DDP's hook is safe: DDP waits for every bucket's Future before
-                its own NCCL calls.
+                there. DDP's hook keeps the rule: its last bucket of a backward
+                returns once every queued job is issued (engine._hook_all_reduce), and
+                DDP issues NCCL work of its own only after that bucket (with
+                find_unused_parameters, right after it). NCCL work issued during the
+                backward itself (SyncBatchNorm, tensor-parallel layers) does not.
 
 Every Issuer of the process issues in one order, the order of the calls (a ticket per
 job, native/issuer.cpp ``Order``), whichever thread issues: two native-async
@@ -59,10 +62,6 @@ from ringreduce.plan import schedule
 from ringreduce.safety.flight import Record
 
 log = logging.getLogger("ringreduce")
-
-_INLINE, _QUEUED = "hierarchical (native)", "hierarchical (native-async)"
-"""A call's route in the flight record: issued on the caller's thread, or queued for
-the worker thread."""
 
 _LIBCUDA = "libcuda.so.1"
 _DRAIN_POLL_S = 0.1
@@ -170,6 +169,8 @@ class NativeIssuer:
         """Issue on the caller's thread (Issuer.run, "native"), else queue for the
         worker thread (Issuer.submit, "native-async")."""
         self.mode = "native" if inline else "native-async"
+        self.route = f"hierarchical ({self.mode})"
+        """What the flight record says of the calls it issues."""
         self.topo = res.topo
         self.stages = schedule.active_stages(self.topo.devices_per_machine)
         last = self.stages[-1]
@@ -182,10 +183,10 @@ class NativeIssuer:
         self._completer: queue.SimpleQueue[tuple[int, Any, torch.Tensor, Record] | None] = \
             queue.SimpleQueue()
         self._completer_thread: threading.Thread | None = None
-        """Started at the first queued asynchronous call: only those need someone to
-        complete their Futures."""
-        self._queued = False
-        """A job was ever queued: a call issued on the caller's thread drains first."""
+        if not inline:  # only queued jobs need someone to complete their Futures
+            self._completer_thread = threading.Thread(target=self._complete, daemon=True,
+                                                      name="ringreduce-native-futures")
+            self._completer_thread.start()
         self._index = res.device.index
         self._raw_stream = _raw_stream_lookup()
         self._programs: dict[tuple[Any, ...], Any] = {}
@@ -258,28 +259,23 @@ class NativeIssuer:
         return program
 
     def issue(self, t: torch.Tensor, program: Any, async_op: bool, record: Record,
-              after: int = 0, queued: bool | None = None) -> tuple[Any, list[tuple[str, Any]]]:
-        """Issue one hierarchical all_reduce of ``program`` (see ``program``) on the
-        caller's thread, or queue it for the worker (``queued``; None: as this issuer's
-        mode says); returns (Future or None, watchdog ends) and names the way in
-        ``record.route``. ``after``: an earlier job on the same memory that this one
-        follows on the device (0: none); the issuing thread adds the wait, so the caller
-        never waits for that job's issue. Raises at once if the issuer already failed."""
+              after: int = 0) -> tuple[Any, list[tuple[str, Any]]]:
+        """Issue (native) or queue (native-async) one hierarchical all_reduce of
+        ``program`` (see ``program``); returns (Future or None, watchdog ends). ``after``:
+        an earlier job on the same memory that this one follows on the device (0: none);
+        the issuing thread adds the wait, so the caller never waits for that job's issue.
+        Raises at once if the issuer already failed."""
         if self.worker.error() is not None:
             raise RingReduceError(self.failure_text(record))
-        queued = not self.inline if queued is None else queued
-        record.route = _QUEUED if queued else _INLINE
+        record.route = self.route
         caller = self._raw_stream(self._index)
-        if queued:
-            self._queued = True
+        if self.inline:  # issued before run() returns: the caller's thread is the issuer
+            seq = self.worker.run(program, t.data_ptr(), caller, after)
+        else:
             seq = self.worker.submit(program, t.data_ptr(), caller, after)
             if not async_op:
                 self.wait_issued(seq)  # the host waits for the issue, never for the device
-        else:  # issued before run() returns: the caller's thread is the issuer
-            if self._queued:
-                self.drain()  # run() refuses to overtake queued jobs
-            seq = self.worker.run(program, t.data_ptr(), caller, after)
-        if not queued or not async_op:  # issued by now: a refusal raises from this call
+        if self.inline or not async_op:  # issued by now: a refusal raises from this call
             self._raise_if_refused(seq, record)
         # One end: the device does not say which stage is stuck, so the watchdog names
         # the first (with its peers), and polls one completion rather than one per stage.
@@ -289,14 +285,10 @@ class NativeIssuer:
             return None, ends
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
         t.record_stream(self.done)  # the done stream is the tensor's last user here
-        if queued:
-            if self._completer_thread is None:
-                self._completer_thread = threading.Thread(
-                    target=self._complete, daemon=True, name="ringreduce-native-futures")
-                self._completer_thread.start()
-            self._completer.put((seq, fut, t, record))
-        else:
+        if self.inline:
             self._complete_after(seq, fut, t)
+        else:
+            self._completer.put((seq, fut, t, record))
         return fut, ends
 
     def _raise_if_refused(self, seq: int, record: Record) -> None:

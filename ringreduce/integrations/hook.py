@@ -15,9 +15,8 @@ def ddp_hook(state: Communicator, bucket: dist.GradBucket) -> torch.futures.Futu
     The bucket is reduced in place and the Future holds ``bucket.buffer()``. On CUDA
     the Future is completed on a stream that follows the call, so the reducer's
     ``wait()`` only makes its stream wait; the autograd thread never blocks on the
-    device. With the native issuer the call is queued for its worker thread
-    (``RINGREDUCE_HOOK_WORKER``, Config.hook_worker), and the backward's last bucket
-    returns once every queued call was issued. AVG
+    device. With ``RINGREDUCE_ISSUER=native-async`` the backward's last bucket returns
+    once the worker issued every queued call, so DDP's own NCCL work comes after. AVG
     divides once after the sum, in fp32 for 16-bit gradients (torch's hook divides
     first, in the gradient's own precision).
     """

@@ -97,6 +97,9 @@ tests)
     grep -h "^\[fault" "$W/gpu_faults_2x1.log"
     [ -f "$W/torch_suite.log" ] && tail -15 "$W/torch_suite.log"; } > "$W/summary_body.txt" ;;
 perf)
+  # Shorter than a step's limit: a stall (run 58's capped 4x2 stood before its first call
+  # for 150 s, results 2026-11-25-h100-one-program) ends as an error naming its place.
+  export RINGREDUCE_TIMEOUT=${RINGREDUCE_TIMEOUT:-90}
   bench capped_2x2 120 --machines 2 --gpus-per-machine 2 $CAP -- $SIZES $B $BUCKETS
   bench capped_4x1 120 --machines 4 --gpus-per-machine 1 $CAP -- $SIZES $B $BUCKETS
   bench capped_4x2 150 --machines 4 --gpus-per-machine 2 $CAP -- $SIZES $B $BUCKETS

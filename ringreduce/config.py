@@ -192,9 +192,9 @@ class Config:
     without the GIL (ringreduce/execution/native.py, native/issuer.cpp). ``"native-async"``
     (opt-in): replayed by a C++ worker thread; an asynchronous call returns without
     waiting for it, nor for earlier calls on the same tensor (2 x 2, H100 under MPS,
-    25 MiB: 56 us of host time back to back against NCCL's own 59; yet DDP's transformer
-    trained at 1.16x NCCL with it against 1.37x with native, results
-    2026-11-25-h100-lean-call, runs 62 and 64). Its old hang was a host
+    25 MiB: 1.4x the host time of NCCL's own asynchronous call back to back; yet DDP's
+    transformer trained at 1.16x NCCL with it against 1.37x with native, results
+    2026-11-25-h100-lean-call, runs 62-66). Its old hang was a host
     deadlock (results 2026-11-25-h200-worker-hang); the native issuers of a process issue
     in one order, that of the calls. Not the default: while calls are queued,
     NCCL work the caller's thread issues itself (torch's ``dist`` calls) may hang, as

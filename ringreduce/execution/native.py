@@ -317,7 +317,8 @@ class NativeIssuer:
         or never issued (a failure, close) get the RingReduceError.
 
         Its GIL time is the caller's loss: back to back, each time this thread takes the
-        GIL the caller waits (run 61: 99 µs a call against 59 with completion deferred).
+        GIL the caller waits (results 2026-11-25-h100-lean-call, run 61: 99 µs a call
+        against 59 with completion deferred; after this, ~30 µs remain, run 66).
         So the done stream is this thread's current stream for good (entering a stream
         context cost 20 µs a Future there), and ``follow`` waits for the issue and
         enqueues the device wait in one release of the GIL."""

@@ -43,6 +43,15 @@ read -r command; echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "$RECORD"
 """
 
 
+def _tmpdir(tmp_path: Path) -> Path:
+    """A private temporary folder for emulate.py (TMPDIR), where its daemon folders go:
+    a real run's leftover in the machine's /tmp (e.g. a killed CI run's) must not count
+    as this test's (it did, 2026-11-25: one more quit than expected)."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    return folder
+
+
 def test_mps_daemon_lives_exactly_as_long_as_the_command(tmp_path: Path) -> None:
     """--mps-only: the daemon is started before the command (which sees its pipe), told
     to quit after it even when the command fails, and its folder removed; a folder left
@@ -53,10 +62,10 @@ def test_mps_daemon_lives_exactly_as_long_as_the_command(tmp_path: Path) -> None
     record = tmp_path / "record.txt"
     dead = subprocess.Popen(["true"])
     dead.wait()  # its pid is gone: a killed run's folder
-    leftover = Path(tempfile.gettempdir()) / f"rr-mps-{dead.pid}"
+    env = {"PATH": "/usr/bin:/bin", "RECORD": str(record), "TMPDIR": str(_tmpdir(tmp_path))}
+    leftover = Path(env["TMPDIR"]) / f"rr-mps-{dead.pid}"
     (leftover / "pipe").mkdir(parents=True, exist_ok=True)
     (leftover / "pipe" / "control").touch()
-    env = {"PATH": "/usr/bin:/bin", "RECORD": str(record)}
     probe = 'test -e "$CUDA_MPS_PIPE_DIRECTORY/control" && echo "pipe $CUDA_MPS_PIPE_DIRECTORY"'
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "emulate.py"), "--mps-only",
                            "--mps-control", str(control), "--", "bash", "-c", probe + "; exit 3"],
@@ -74,7 +83,7 @@ def test_mps_daemon_is_stopped_when_the_run_is_terminated(tmp_path: Path) -> Non
     control.write_text(_STAND_IN)
     control.chmod(0o755)
     record = tmp_path / "record.txt"
-    env = {"PATH": "/usr/bin:/bin", "RECORD": str(record)}
+    env = {"PATH": "/usr/bin:/bin", "RECORD": str(record), "TMPDIR": str(_tmpdir(tmp_path))}
     run = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "emulate.py"),
                             "--mps-only", "--mps-control", str(control), "--", "sleep", "60"],
                            stdout=subprocess.PIPE, text=True, env=env)
@@ -83,5 +92,5 @@ def test_mps_daemon_is_stopped_when_the_run_is_terminated(tmp_path: Path) -> Non
     run.send_signal(signal.SIGTERM)
     assert run.wait(timeout=30) == 128 + signal.SIGTERM
     [line] = record.read_text().splitlines()
-    assert line == f"quit {tempfile.gettempdir()}/rr-mps-{run.pid}/pipe", line
-    assert not Path(tempfile.gettempdir(), f"rr-mps-{run.pid}").exists()
+    assert line == f"quit {env['TMPDIR']}/rr-mps-{run.pid}/pipe", line
+    assert not Path(env["TMPDIR"], f"rr-mps-{run.pid}").exists()

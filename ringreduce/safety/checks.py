@@ -18,9 +18,9 @@ identity in a third of the time that hashing a pybind enum for the dict takes.""
 
 def op_name(op: Any) -> str:
     """"sum", "avg", "max" or "min" for a supported ``dist.ReduceOp``."""
-    for known, name in _BY_IDENTITY:
+    for known, known_name in _BY_IDENTITY:
         if op is known:
-            return name
+            return known_name
     name = OPS.get(op)
     if name is None:
         raise TypeError(f"op {op} is not supported; use dist.ReduceOp.SUM, AVG, MAX or MIN")

@@ -106,7 +106,8 @@ DEFAULT_WAYS = ("native", "native/sep", "native/stage", "python", "python/sep", 
 """Each issuer as configured by default (a group per wave, a communicator per stage
 pair), as ``/sep`` (a communicator per stage, RINGREDUCE_PAIR_COMMS=0) and as ``/stage``
 (a group per stage, RINGREDUCE_WAVE_GROUPS=0, the engine before v2). Also accepted:
-``native/8M`` (another slice size), ``native/graphs`` (ringreduce's own CUDA-graph
+``native/8M`` (another slice size), ``native/p2p`` (diffuse as a send and a receive
+per other machine, RINGREDUCE_DIFFUSE_GATHER=0), ``native/graphs`` (ringreduce's own CUDA-graph
 replay, ``graphs=8``: the same tensor comes back every call, so it is captured at its
 second call and replayed after), ``native/nocheck`` (without the end-of-call check,
 RINGREDUCE_CHECK_CALL_END=0) and ``native/world`` (the check over the world
@@ -124,6 +125,7 @@ def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.C
         os.environ["RINGREDUCE_PAIR_COMMS"] = "0" if variant in ("sep", "stage") else "1"
         os.environ["RINGREDUCE_CHECK_CALL_END"] = "0" if variant == "nocheck" else "1"
         os.environ["RINGREDUCE_CALL_CHECK_COMMS"] = "world" if variant == "world" else "stages"
+        os.environ["RINGREDUCE_DIFFUSE_GATHER"] = "0" if variant == "p2p" else "1"
         slice_bytes = parse_size(variant) if variant[:1].isdigit() else None
         graphs = 8 if variant == "graphs" else None
         comms[way] = ringreduce.Communicator(machines=machines, slice_bytes=slice_bytes,
@@ -132,7 +134,8 @@ def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.C
             _NATIVE.append(comms[way]._res.native)
         described = comms[way].describe()
         assert described.endswith(f"issuer={issuer}"), described
-    for name in ("WAVE_GROUPS", "PAIR_COMMS", "CHECK_CALL_END", "CALL_CHECK_COMMS"):
+    for name in ("WAVE_GROUPS", "PAIR_COMMS", "CHECK_CALL_END", "CALL_CHECK_COMMS",
+                 "DIFFUSE_GATHER"):
         del os.environ[f"RINGREDUCE_{name}"]
     return comms
 
@@ -208,10 +211,10 @@ def native_breakdown(comm: ringreduce.Communicator, call: Callable[[], object], 
 
 def report(rows: dict[str, tuple[float, ...]], profiles: dict[str, cProfile.Profile],
            size: int, calls: int, device: torch.device,
-           breakdown: dict[str, tuple[float, float]]) -> None:
-    if breakdown:
+           breakdowns: dict[str, dict[str, tuple[float, float]]]) -> None:
+    for way, breakdown in breakdowns.items():
         total = sum(us for _, us in breakdown.values())
-        print(f"# inside Issuer.run, native sync on an idle pipeline, per call: {total:.1f} us")
+        print(f"# inside Issuer.run, {way} sync on an idle pipeline, per call: {total:.1f} us")
         for op, (n, us) in sorted(breakdown.items(), key=lambda kv: -kv[1][1]):
             print(f"#   {op:<15} {n:>6.1f} instructions {us:>8.1f} us ({us / n:.2f} us each)")
     for name, profile in profiles.items():
@@ -253,14 +256,15 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
         ways[f"{name} async"] = lambda c=comm: c.all_reduce(next(ring), async_op=True)
     rows = measure(ways, calls, device, say)
     profiles = profile_native(ways, calls, device, profile)
-    breakdown = (native_breakdown(comms["native"], ways["native sync"], calls, device)
-                 if "native" in comms else {})
+    breakdowns = {name: native_breakdown(comms[name], ways[f"{name} sync"], calls, device)
+                  for name in ("native", "native/p2p") if name in comms}
     settle(device)
     for comm in comms.values():
         comm.wait_idle()
         comm.close()
     if launch.rank == 0:
-        report(rows, profiles, size, calls, device, breakdown)
+        report(rows, profiles, size, calls, device,
+               {name: b for name, b in breakdowns.items() if b})
 
 
 def main() -> None:

@@ -64,6 +64,7 @@ _ENV = {
     "issuer": "RINGREDUCE_ISSUER",
     "wave_groups": "RINGREDUCE_WAVE_GROUPS",
     "pair_comms": "RINGREDUCE_PAIR_COMMS",
+    "diffuse_gather": "RINGREDUCE_DIFFUSE_GATHER",
     "issue_probes": "RINGREDUCE_ISSUE_PROBES",
 }
 
@@ -227,6 +228,16 @@ class Config:
     host time did not move (675 us against 677: it is per NCCL operation, not per kernel
     launched). Without wave groups the two stages of a pair would serialise on their
     shared communicator, so each keeps its own."""
+
+    diffuse_gather: bool = True
+    """Without a wire format, diffuse is one in-place all-gather on the rail
+    communicator (a rail's ranks are its machines, in order, and view[d] is their
+    rows) instead of a send and a receive per other machine
+    (``RINGREDUCE_DIFFUSE_GATHER``; 0: the sends and receives). The same bytes to the
+    same peers; fewer NCCL operations, and a call's host time goes by its NCCL
+    operations (pair_comms above). With a wire format the rows travel through the
+    staging slot, which has no row of this machine's own, so diffuse sends and
+    receives."""
 
     issue_probes: int = 0
     """CUDA, native issuers: a hang's diagnosis (``RINGREDUCE_ISSUE_PROBES``): record an

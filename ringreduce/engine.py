@@ -112,7 +112,8 @@ class Communicator:
                 f"slice_bytes={_slice_range(r)}, staging_bytes={c.staging_bytes} "
                 f"({r.staging_slots} slots), min_bytes={c.min_bytes}, "
                 f"rail_channels={c.rail_channels or 'nccl default'}, "
-                f"wire={c.wire_dtype or 'tensor dtype'}, {per_device}, "
+                f"wire={c.wire_dtype or 'tensor dtype'}, diffuse_gather={int(c.diffuse_gather)}, "
+                f"{per_device}, "
                 f"check_call_end={int(r.call_check is not None)}, "
                 f"issuer={r.native.mode if r.native is not None else 'python'}")
 

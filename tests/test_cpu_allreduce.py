@@ -58,6 +58,18 @@ def test_every_size_dtype_op_is_exact(machines: int, devices: int) -> None:
     run_test_ranks(_sweep_worker, machines * devices, machines)
 
 
+def _diffuse_p2p_worker(rank: int, world: int) -> None:
+    """Diffuse as a send and a receive per other machine (RINGREDUCE_DIFFUSE_GATHER=0),
+    with two other machines: the same results as the all-gather."""
+    with ringreduce.Communicator(machines=3, min_bytes=0, slice_bytes=256) as comm:
+        assert comm.config.diffuse_gather is False and "diffuse_gather=0" in comm.describe()
+        assert sweep(comm, sizes_for(2, 3), CPU, dtypes=(torch.float32, torch.int64)) > 0
+
+
+def test_diffuse_by_sends_and_receives_is_exact() -> None:
+    run_test_ranks(_diffuse_p2p_worker, 6, env={"RINGREDUCE_DIFFUSE_GATHER": "0"})
+
+
 def _slices_worker(rank: int, world: int) -> None:
     """A tensor of many slices with a tail: the exact stage-call count proves the
     hierarchical route ran once per slice (and not a flat all-reduce)."""

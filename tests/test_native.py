@@ -427,8 +427,9 @@ def test_a_traced_call_is_the_plans_operations_and_independent_of_the_tensors_ad
     # collect's group in the same wave), not one per stage, and
     # one for the end-of-call check's second hop (along the rail)
     assert counts["group_start"] == counts["group_end"] == len(waves) + 1 == len(plans) + 4
-    assert counts["reduce_scatter"] == counts["all_gather"] == counts["launch"] - 2 == parts
-    assert counts["send"] == counts["recv"] == 2 * parts  # collect and diffuse, one peer
+    assert counts["reduce_scatter"] == counts["launch"] - 2 == parts
+    assert counts["send"] == counts["recv"] == parts  # collect, one peer
+    assert counts["all_gather"] == 2 * parts  # diffuse along the rail, then inside
     # The end-of-call check: put (a launch) before the last wave's group, its first hop
     # inside it after the stages' operations, the second in a group of its own, then
     # verify (a launch), all before the flag says done.
@@ -486,6 +487,26 @@ def test_follow_waits_for_the_issue_and_refuses_failed_jobs() -> None:
     issuer.close()
 
 
+@built
+def test_follow_covers_every_issued_job_up_to_last_and_stops_before_a_failure() -> None:
+    """The completer's batches: one follow for the Futures queued together counts the
+    jobs from ``seq`` that are issued (up to ``last``), never past a failed one."""
+    issuer = _native.Issuer()
+    fast = _native.Program(_instr("nop", 0), b"", 0)
+    slow = _native.Program(_instr("nop", 300_000), b"", 0)  # 300 ms a job
+    bad = _native.Program(_instr("fail", stage=1), b"", 0)
+    jobs = [issuer.submit(p, 0, 0) for p in (fast, fast, fast, slow, bad, fast)]
+    assert issuer.wait_issued(jobs[2], 10.0)
+    assert issuer.follow(0, jobs[0], 10.0, jobs[5]) in (3, 4)  # the slow one may be done
+    assert issuer.follow(0, jobs[1], 10.0, jobs[1]) == 1  # never past last
+    assert issuer.follow(0, jobs[1], 10.0, jobs[0]) == 1  # a last before seq: seq alone
+    assert issuer.wait_issued(jobs[5], 10.0)
+    assert issuer.follow(0, jobs[0], 0.0, jobs[5]) == 4  # stops before the failed job
+    assert issuer.follow(0, jobs[4], 0.0, jobs[5]) == -1
+    assert issuer.follow(0, jobs[5], 0.0, jobs[5]) == -1  # and after it
+    issuer.close()
+
+
 _GIL_AND_LOCK = """
 import threading
 from ringreduce.execution import native
@@ -536,5 +557,7 @@ def test_traces_with_the_real_kernel_arguments_validate(machines, devices, wire)
     assert counts["launch"] == per_part * parts + 2, counts  # and the end check's two
     assert counts["all_reduce"] == (devices > 1) + (machines > 1), counts  # its hops
     peers = machines - 1
-    assert counts["send"] == counts["recv"] == 2 * peers * parts
+    gathered = wire is None  # diffuse: one all-gather along the rail, else p2p (transport)
+    assert counts["send"] == counts["recv"] == (1 if gathered else 2) * peers * parts
     assert counts.get("reduce_scatter", 0) == (parts if devices > 1 else 0)
+    assert counts.get("all_gather", 0) == ((devices > 1) + gathered) * parts

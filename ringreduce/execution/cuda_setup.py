@@ -73,7 +73,8 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
     elif topo.rank == 0:
         log.warning("cupy is not importable: the add stage uses torch ops instead of the "
                     "fused native/add.cu kernel; install ringreduce[cu12] or [cu13]")
-    res.transport = NcclTransport(topo, comms, timeout_s, blocking, res.kernels)
+    res.transport = NcclTransport(topo, comms, timeout_s, blocking, res.kernels,
+                                  gathers=config.diffuse_gather)
     res.sync = CudaStreams(res.device, schedule.event_names(
         topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
     if config.check_call_end and res.kernels is not None:

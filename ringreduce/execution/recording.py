@@ -195,7 +195,7 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
     ctx.sync = RecordedStreams(res.sync, rec)
     transport = res.transport
     ctx.transport = NcclTransport(topo, transport.comms, transport.timeout_s, True,
-                                  kernels, calls=RecordedNccl(rec))
+                                  kernels, calls=RecordedNccl(rec), gathers=transport.gathers)
     run_waves(waves, t.view(-1), plans, op, ctx)
     rec.stage = len(stages) - 1
     rec.emit("write_flag")

@@ -183,7 +183,7 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
     if is_cuda:
         cuda_setup.build_cuda(res, store, config)
     else:
-        _build_cpu(res, store, datetime.timedelta(seconds=config.timeout_s))
+        _build_cpu(res, store, datetime.timedelta(seconds=config.timeout_s), config.diffuse_gather)
         res.call_check = HostCallCheck() if config.check_call_end else None
     res.divisors = _divisors(world, device)
     if is_cuda:  # last, as ever: what graphs capture and the native issuer traces reads them
@@ -218,7 +218,8 @@ def _divisors(world: int, device: torch.device) -> dict[torch.dtype, torch.Tenso
     return made
 
 
-def _build_cpu(res: Resources, store: dist.Store, timeout: datetime.timedelta) -> None:
+def _build_cpu(res: Resources, store: dist.Store, timeout: datetime.timedelta,
+               gathers: bool) -> None:
     """gloo groups made directly on the store (no torch.distributed registration, so
     the same code serves the "ringreduce" backend, which is built before the default
     group exists), each with ringreduce's own deadline: a dead or absent peer turns
@@ -235,5 +236,5 @@ def _build_cpu(res: Resources, store: dist.Store, timeout: datetime.timedelta) -
         groups["intra"] = gloo(f"intra{topo.machine_index}", topo.intra_ranks())
     if topo.machines > 1:
         groups["rail"] = gloo(f"rail{topo.device_index}", topo.rail_ranks())
-    res.transport = GlooTransport(topo, groups)
+    res.transport = GlooTransport(topo, groups, gathers)
     res.sync = HostOrder()

@@ -10,7 +10,8 @@ must follow a stage's kernels on its stream.
 Per part, on rank (machine m, device d), ``view`` is ``(D, M, k)``:
   reduce_scatter  view[d]    = sum over devices of view[d]          (intra-machine)
   collect         staging[i] = machine j's view[d][m], j != m        (rail)
-  diffuse         view[d][j] = machine j's reduced view[d][j]        (rail)
+  diffuse         view[d][j] = machine j's reduced view[d][j]        (rail; one
+                  all-gather when ``gathers``, Config.diffuse_gather)
   all_gather      view[e]    = device e's view[e], every e           (intra-machine)
 """
 
@@ -84,6 +85,13 @@ def narrow_collected(p: Part, topo: Topology, others: Sequence[int],
         p.wire_out[i].copy_(p.view[d][j])
 
 
+def gathers_diffuse(p: Part, gather: bool) -> bool:
+    """Whether diffuse is one in-place all-gather of view[d] over the rail (the rail's
+    ranks are the machines, in order): Config.diffuse_gather, and no wire format (whose
+    rows arrive in the staging slot, which has no row of this machine's own)."""
+    return gather and p.wire_out is None
+
+
 def diffuse_buffers(p: Part, d: int, m: int,
                     others: Sequence[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """(what diffuse sends, where row i arrives). With a wire format the add stage
@@ -111,8 +119,11 @@ class NcclTransport:
     different slices run concurrently on their own streams."""
 
     def __init__(self, topo: Topology, comms: dict[str, nccl.Comm], timeout_s: float,
-                 blocking: bool, casts: WireCasts | None, calls: NcclCalls = nccl) -> None:
+                 blocking: bool, casts: WireCasts | None, calls: NcclCalls = nccl,
+                 gathers: bool = True) -> None:
         self.topo = topo
+        self.gathers = gathers
+        """Config.diffuse_gather (gathers_diffuse)."""
         self.calls = calls
         self.casts = casts
         """native/wire.cu's casts; None: torch copies (no cupy)."""
@@ -151,7 +162,11 @@ class NcclTransport:
 
     def diffuse(self, parts: Sequence[Part], stream: int) -> None:
         d, m, comm = self.topo.device_index, self.topo.machine_index, self.comms["diffuse"]
-        for mine, into in [diffuse_buffers(p, d, m, self.others) for p in parts]:
+        for p in parts:
+            if gathers_diffuse(p, self.gathers):  # in place: send is the m-th block of recv
+                self.calls.all_gather(comm, p.view[d][m], p.view[d], stream)
+                continue
+            mine, into = diffuse_buffers(p, d, m, self.others)
             for i, j in enumerate(self.others):
                 self.calls.send(comm, mine, j, stream)
                 self.calls.recv(comm, into[i], j, stream)
@@ -200,9 +215,12 @@ class GlooTransport:
     """Stage operations on gloo groups ("world", "intra", "rail"), called directly
     with group-local ranks: device index inside a machine, machine index on a rail."""
 
-    def __init__(self, topo: Topology, groups: dict[str, dist.ProcessGroupGloo]) -> None:
+    def __init__(self, topo: Topology, groups: dict[str, dist.ProcessGroupGloo],
+                 gathers: bool = True) -> None:
         self.topo = topo
         self.groups = groups
+        self.gathers = gathers
+        """Config.diffuse_gather (gathers_diffuse)."""
         self.others = other_machines(topo)
 
     def reduce_scatter(self, parts: Sequence[Part], op: str, stream: None = None) -> None:
@@ -221,6 +239,9 @@ class GlooTransport:
         d, m = self.topo.device_index, self.topo.machine_index
         moves = []
         for p in parts:
+            if gathers_diffuse(p, self.gathers):
+                self.all_gather_into("diffuse", p.view[d][m].clone(), p.view[d])
+                continue
             mine, into = diffuse_buffers(p, d, m, self.others)
             moves += [(i, mine, into[i]) for i in range(len(self.others))]
         self._exchange(moves)

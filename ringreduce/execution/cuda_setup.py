@@ -76,8 +76,7 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
     res.transport = NcclTransport(topo, comms, timeout_s, blocking, res.kernels,
                                   gathers=config.diffuse_gather)
     res.sync = CudaStreams(res.device, schedule.event_names(
-        topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS),
-        schedule.PAIRS if config.paired_comms else ())
+        topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
     if config.check_call_end and res.kernels is not None:
         res.call_check = DeviceCallCheck.on(res.device, call_check.hops(
             topo.devices_per_machine, topo.machines, config.call_check_comms))
@@ -137,12 +136,13 @@ def _split_stages(comms: dict[str, Any], split: Callable[..., Any], topo: Topolo
     """The stage communicators: inside the machine (color: the machine) and along the
     rail (color: the device index). A pair of stages shares one (Config.pair_comms) when
     waves issue both in one group; otherwise each stage gets its own."""
-    (rs, ag), (co, di) = schedule.PAIRS
     pairs = []
     if topo.devices_per_machine > 1:
-        pairs.append((rs, ag, topo.machine_index, topo.device_index, None))
+        pairs.append(("reduce_scatter", "all_gather", topo.machine_index, topo.device_index,
+                      None))
     if topo.machines > 1:
-        pairs.append((co, di, topo.device_index, topo.machine_index, config.rail_channels))
+        pairs.append(("collect", "diffuse", topo.device_index, topo.machine_index,
+                      config.rail_channels))
     shared = config.paired_comms
     for first, second, color, key, channels in pairs:
         comms[first] = split(color, key, channels_per_net_peer=channels)

@@ -174,16 +174,6 @@ def _take(jobs: queue.SimpleQueue[_Pending | None], pending: collections.deque[_
             return True
 
 
-def _by_handle(streams: dict[str, Any]) -> dict[int, tuple[str, Any]]:
-    """cudaStream_t -> (the names of the stages that use it, the stream): a shared one
-    (schedule.PAIRS) is "reduce_scatter+all_gather"."""
-    out: dict[int, tuple[str, Any]] = {}
-    for name, stream in streams.items():
-        h = stream.cuda_stream
-        out[h] = (f"{out[h][0]}+{name}", stream) if h in out else (name, stream)
-    return out
-
-
 class NativeIssuer:
     """One Communicator's traced programs and the extension's Issuer that replays them
     (on the caller's thread, or on its worker thread for native-async)."""
@@ -229,8 +219,8 @@ class NativeIssuer:
         """Which of the communicator's streams still have work queued (cudaStreamQuery,
         host side, nothing waits): for a deadline error, where on the device a call is
         stuck, e.g. the rail streams of two ranks busy on different jobs."""
-        streams = _by_handle(dict(self.res.sync.streams) | {"done": self.done})
-        busy = [name for name, stream in streams.values() if not stream.query()]
+        streams = dict(self.res.sync.streams) | {"done": self.done}
+        busy = [name for name, stream in streams.items() if not stream.query()]
         return f"streams busy: {', '.join(busy) or 'none'}"
 
     def probe_text(self, seq: int) -> str:
@@ -241,7 +231,7 @@ class NativeIssuer:
         rows = self.worker.probe(seq)
         if rows is None:
             return ""
-        names = {h: name for h, (name, _) in _by_handle(self.res.sync.streams).items()}
+        names = {s.cuda_stream: n for n, s in self.res.sync.streams.items()}
         names[self._done_handle] = "done"
         recorded: dict[int, tuple[int, int]] = {}  # event -> (instruction, stream)
         stuck: dict[int, str] = {}

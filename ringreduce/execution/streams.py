@@ -49,13 +49,10 @@ class CudaStreams:
     replay after an eager call first waits for its ``done``, and an eager call after
     a replay waits for the replay's ``done``."""
 
-    def __init__(self, device: torch.device, event_names: Sequence[str],
-                 shared: Sequence[tuple[str, str]] = ()) -> None:
+    def __init__(self, device: torch.device, event_names: Sequence[str]) -> None:
         # High priority: communication kernels should not queue behind compute.
         self.streams = {s: torch.cuda.Stream(device, priority=-1)
                         for s in (*schedule.STAGES, FLAT, *REPLAY_STREAMS)}
-        for first, second in shared:  # schedule.PAIRS: one stream for both stages
-            self.streams[second] = self.streams[first]
         self.events = {name: torch.cuda.Event() for name in event_names}
         self._crossing = frozenset(n for n in event_names if schedule.crosses_calls(n))
         self._tails = frozenset(n for n in self._crossing if n.startswith("tail"))

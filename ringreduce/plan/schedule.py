@@ -41,13 +41,6 @@ from ringreduce.plan import layout
 #: The stages, in pipeline order. Streams, communicators and events take their names.
 STAGES = ("reduce_scatter", "collect", "add", "diffuse", "all_gather")
 
-#: Stages that may share one NCCL communicator and one stream (Config.pair_comms): a
-#: wave holds at most one step of each, and NCCL runs a group's operations on one
-#: communicator as one kernel, which starts once every stream they were issued on got
-#: there. So a shared stream orders the device as two streams did, and NCCL no longer
-#: joins two streams per communicator and group (an event record and wait each way).
-PAIRS = (("reduce_scatter", "all_gather"), ("collect", "diffuse"))
-
 #: Short names used in edge events, e.g. "rs_to_collect".
 SHORT = {"reduce_scatter": "rs", "collect": "collect", "add": "add",
          "diffuse": "diffuse", "all_gather": "ag"}

@@ -921,27 +921,21 @@ PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
     Py_RETURN_NONE;
 }
 
-// follow(stream, seq, timeout_s=-1, last=seq) -> n, 0 or -1: once job seq is issued,
-// `stream` waits (on the device) for the done event of the newest issued job up to
-// `last`, so for every job from seq to it, and n counts them (seq .. seq+n-1; jobs
-// finish in issue order on the flag stream, so one wait covers them all). A failed
-// job ends the run before it. 0: seq not issued within timeout_s; -1: job seq failed
-// or was refused (error() says why), and nothing was enqueued. All of it in one release
-// of the GIL: it is the completer thread's whole work for a batch of Futures but their
-// set_result, and each time that thread takes the GIL back from a caller making calls
-// back to back, the caller waits (results 2026-11-25-h100-lean-call).
+// follow(stream, seq, timeout_s=-1) -> 1, 0 or -1: once job seq is issued, `stream`
+// waits (on the device) for its done event, as stream_wait does (1); 0: not issued
+// within timeout_s; -1: the job failed or was refused (error() says why), and nothing
+// was enqueued. All of it in one release of the GIL: it is the completer thread's whole
+// work per Future but set_result, and each time that thread takes the GIL back from a
+// caller making calls back to back, the caller waits (results 2026-11-25-h100-lean-call).
 PyObject* issuer_follow(Issuer* self, PyObject* args) {
     unsigned long long stream;
-    unsigned long seq_arg, last_arg = 0;
+    unsigned long seq_arg;
     double timeout_s = -1;
-    if (!PyArg_ParseTuple(args, "Kk|dk", &stream, &seq_arg, &timeout_s, &last_arg)) return nullptr;
+    if (!PyArg_ParseTuple(args, "Kk|d", &stream, &seq_arg, &timeout_s)) return nullptr;
     State& s = *self->s;
     uint32_t seq = static_cast<uint32_t>(seq_arg);
-    uint32_t last = PyTuple_GET_SIZE(args) > 3 ? static_cast<uint32_t>(last_arg) : seq;
-    if (static_cast<int32_t>(last - seq) < 0) last = seq;
     auto issued = [&] { return static_cast<int32_t>(s.issued.load() - seq) >= 0; };
-    long out = 0;
-    uint32_t upto = seq;
+    int out = 1;
     CUresult r = 0;
     Py_BEGIN_ALLOW_THREADS
     {  // mu is released before the GIL is taken back (wait_for says why)
@@ -949,17 +943,12 @@ PyObject* issuer_follow(Issuer* self, PyObject* args) {
         bool ok = true;
         if (timeout_s < 0) s.idle_cv.wait(lock, issued);
         else ok = s.idle_cv.wait_for(lock, std::chrono::duration<double>(timeout_s), issued);
-        if (ok) {
-            uint32_t now = s.issued.load();
-            upto = static_cast<int32_t>(now - last) >= 0 ? last : now;
-            if (s.failure.set && static_cast<int32_t>(upto - s.failure.seq) >= 0)
-                upto = s.failure.seq - 1;  // the jobs before the failure still finished
-            out = static_cast<int32_t>(upto - seq) >= 0 ? static_cast<long>(upto - seq) + 1 : -1;
-        }
+        if (!ok) out = 0;
+        else if (s.failure.set && static_cast<int32_t>(seq - s.failure.seq) >= 0) out = -1;
     }
-    if (out > 0 && s.has_cuda) {
+    if (out == 1 && s.has_cuda) {
         make_current(s);
-        r = s.cuda.streamWaitEvent(reinterpret_cast<CUstream>(stream), s.dones[upto % kEntryRing], 0);
+        r = s.cuda.streamWaitEvent(reinterpret_cast<CUstream>(stream), s.dones[seq % kEntryRing], 0);
     }
     Py_END_ALLOW_THREADS
     if (r) {
@@ -1178,8 +1167,7 @@ PyMethodDef issuer_methods[] = {
     {"stream_wait", reinterpret_cast<PyCFunction>(issuer_stream_wait), METH_VARARGS,
      "stream_wait(stream, seq): the stream waits for an issued job's done event"},
     {"follow", reinterpret_cast<PyCFunction>(issuer_follow), METH_VARARGS,
-     "follow(stream, seq, timeout_s=-1, last=seq) -> n: the stream waits for jobs seq..seq+n-1 "
-     "(issued, up to last); 0: not issued in time; -1: job seq failed"},
+     "follow(stream, seq, timeout_s=-1) -> 1 (the stream waits for job seq), 0 or -1"},
     {"state", reinterpret_cast<PyCFunction>(issuer_state), METH_O,
      "state(seq): 1 finished, 0 pending, -1 failed"},
     {"error", reinterpret_cast<PyCFunction>(issuer_error), METH_NOARGS,

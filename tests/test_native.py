@@ -487,26 +487,6 @@ def test_follow_waits_for_the_issue_and_refuses_failed_jobs() -> None:
     issuer.close()
 
 
-@built
-def test_follow_covers_every_issued_job_up_to_last_and_stops_before_a_failure() -> None:
-    """The completer's batches: one follow for the Futures queued together counts the
-    jobs from ``seq`` that are issued (up to ``last``), never past a failed one."""
-    issuer = _native.Issuer()
-    fast = _native.Program(_instr("nop", 0), b"", 0)
-    slow = _native.Program(_instr("nop", 300_000), b"", 0)  # 300 ms a job
-    bad = _native.Program(_instr("fail", stage=1), b"", 0)
-    jobs = [issuer.submit(p, 0, 0) for p in (fast, fast, fast, slow, bad, fast)]
-    assert issuer.wait_issued(jobs[2], 10.0)
-    assert issuer.follow(0, jobs[0], 10.0, jobs[5]) in (3, 4)  # the slow one may be done
-    assert issuer.follow(0, jobs[1], 10.0, jobs[1]) == 1  # never past last
-    assert issuer.follow(0, jobs[1], 10.0, jobs[0]) == 1  # a last before seq: seq alone
-    assert issuer.wait_issued(jobs[5], 10.0)
-    assert issuer.follow(0, jobs[0], 0.0, jobs[5]) == 4  # stops before the failed job
-    assert issuer.follow(0, jobs[4], 0.0, jobs[5]) == -1
-    assert issuer.follow(0, jobs[5], 0.0, jobs[5]) == -1  # and after it
-    issuer.close()
-
-
 _GIL_AND_LOCK = """
 import threading
 from ringreduce.execution import native

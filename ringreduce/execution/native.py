@@ -47,7 +47,6 @@ so that no stream waits forever.
 
 from __future__ import annotations
 
-import collections
 import logging
 import queue
 import threading
@@ -71,8 +70,6 @@ _PROGRAMS = 4096
 """Traced programs kept per Communicator (about 14 KB each for a 25 MiB call at 2 x 2):
 the keys repeat in training (one per DDP bucket size), and a workload of ever-new
 sizes must not grow memory without bound."""
-_SEQS = 1 << 32
-"""Job numbers are the extension's uint32 and wrap around."""
 _STOP_WAIT_S = 2.0
 """How long a failure waits for the worker to leave NCCL before aborting anyway (the
 same bound as for a Python issuing thread, resources._ABORT_LOCK_WAIT_S)."""
@@ -154,26 +151,6 @@ class Completion:
         return f"entry {words[states[0]]}, done {words[states[1]]}"
 
 
-_Pending = tuple[int, Any, torch.Tensor, Record]
-"""A Future for the completer: (job, Future, tensor, flight record)."""
-
-
-def _take(jobs: queue.SimpleQueue[_Pending | None], pending: collections.deque[_Pending],
-          block: bool) -> bool:
-    """Move queued Futures to ``pending``: one, waiting for it (``block``), or every one
-    queued now. False once close() asked the completer to end."""
-    while True:
-        try:
-            item = jobs.get(block)
-        except queue.Empty:
-            return True
-        if item is None:
-            return False
-        pending.append(item)
-        if block:
-            return True
-
-
 class NativeIssuer:
     """One Communicator's traced programs and the extension's Issuer that replays them
     (on the caller's thread, or on its worker thread for native-async)."""
@@ -203,7 +180,8 @@ class NativeIssuer:
             self.worker.enable_probes(probes)  # Config.issue_probes: a hang's diagnosis
         self.done = torch.cuda.Stream(res.device, priority=-1)
         self._done_handle = self.done.cuda_stream
-        self._completer: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._completer: queue.SimpleQueue[tuple[int, Any, torch.Tensor, Record] | None] = \
+            queue.SimpleQueue()
         self._completer_thread: threading.Thread | None = None
         if not inline:  # only queued jobs need someone to complete their Futures
             self._completer_thread = threading.Thread(target=self._complete, daemon=True,
@@ -340,45 +318,35 @@ class NativeIssuer:
 
         Its GIL time is the caller's loss: back to back, each time this thread takes the
         GIL the caller waits (results 2026-11-25-h100-lean-call, run 61: 99 µs a call
-        against 59 with completion deferred). So the done stream is this thread's
-        current stream for good (entering a stream context cost 20 µs a Future there),
-        and the Futures queued by the time it wakes are one batch: one ``follow`` waits
-        for the first to be issued and makes the done stream wait once for every one of
-        them issued by then; the rest wait for the next round, so no Future completes
-        later than its own issue and one device wait."""
+        against 59 with completion deferred; after this, ~30 µs remain, run 66).
+        So the done stream is this thread's current stream for good (entering a stream
+        context cost 20 µs a Future there), and ``follow`` waits for the issue and
+        enqueues the device wait in one release of the GIL."""
         torch.cuda.set_device(self.res.device)
         torch.cuda.set_stream(self.done)  # each Future records its event after the wait
-        jobs = self._completer
-        pending: collections.deque[_Pending] = collections.deque()
-        closing = False
-        while pending or not closing:
-            if not pending and not _take(jobs, pending, block=True):
+        while True:
+            item = self._completer.get()
+            if item is None:
                 return
-            closing = not _take(jobs, pending, block=False) or closing
-            seq, fut, _, record = pending[0]
+            seq, fut, t, record = item
             try:
-                n = self._follow(seq, pending[-1][0], record)
+                self._follow(seq, record)
             except (RingReduceError, RuntimeError) as exc:
-                pending.popleft()
                 fut.set_exception(exc if isinstance(exc, RingReduceError) else
                                   RingReduceError(f"{self.failure_text(record)}: {exc}"))
                 continue
-            while pending and (pending[0][0] - seq) % _SEQS < n:
-                _, fut, t, _ = pending.popleft()
-                fut.set_result(t)
+            fut.set_result(t)
 
-    def _follow(self, seq: int, last: int, record: Record) -> int:
-        """The done stream waits for job ``seq`` once it is issued, and for every later
-        job up to ``last`` issued by then; how many jobs from ``seq`` that covers. Raises
-        if job ``seq`` failed, or was never issued before this communicator failed."""
-        n = self.worker.follow(self._done_handle, seq, _DRAIN_POLL_S, last)
-        while n == 0 and self.res.guard.failure is None:
-            n = self.worker.follow(self._done_handle, seq, _DRAIN_POLL_S, last)
-        if n == 0:  # the communicator failed: one last look, without waiting
-            n = self.worker.follow(self._done_handle, seq, 0, last)
-        if n <= 0:
+    def _follow(self, seq: int, record: Record) -> None:
+        """The done stream waits for job ``seq`` once it is issued; raises if the job
+        failed, or was never issued before this communicator failed."""
+        state = self.worker.follow(self._done_handle, seq, _DRAIN_POLL_S)
+        while state == 0 and self.res.guard.failure is None:
+            state = self.worker.follow(self._done_handle, seq, _DRAIN_POLL_S)
+        if state == 0:  # the communicator failed: one last look, without waiting
+            state = self.worker.follow(self._done_handle, seq, 0)
+        if state != 1:
             raise RingReduceError(self.failure_text(record))
-        return n
 
     def failure_text(self, record: Record | None = None) -> str:
         """The issuer's first failure, naming its stage and peers, and ``record``'s

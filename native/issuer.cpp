@@ -119,6 +119,11 @@ struct Instr {
 };
 static_assert(sizeof(Instr) == 72, "9 int64 per instruction");
 
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 // Kernel arguments: pairs (size | reloc << 8, value); value holds the bytes, low first.
 struct Arg {
     int64_t kind, value;
@@ -317,6 +322,7 @@ struct State {
     std::deque<Job> queue;
     std::vector<PyObject*> finished;  // programs to release (under the GIL, by callers)
     uint32_t submitted = 0;
+    std::atomic<int64_t> submitted_ns{0};  // steady clock at the latest submit (follow's quiet)
     std::atomic<uint32_t> issued{0};
     std::atomic<bool> poisoned{false};  // stop issuing: communicators are being aborted
     std::atomic<bool> in_call{false};   // inside a CUDA or NCCL call right now
@@ -819,6 +825,7 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
         s.queue.push_back(Job{program, p, base, seq, entry, after, take_ticket()});
         s.submitted = seq;
     }
+    s.submitted_ns.store(now_ns(), std::memory_order_relaxed);
     s.cv.notify_one();
     return PyLong_FromUnsignedLong(seq);
 }
@@ -921,21 +928,48 @@ PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
     Py_RETURN_NONE;
 }
 
-// follow(stream, seq, timeout_s=-1) -> 1, 0 or -1: once job seq is issued, `stream`
-// waits (on the device) for its done event, as stream_wait does (1); 0: not issued
-// within timeout_s; -1: the job failed or was refused (error() says why), and nothing
-// was enqueued. All of it in one release of the GIL: it is the completer thread's whole
-// work per Future but set_result, and each time that thread takes the GIL back from a
-// caller making calls back to back, the caller waits (results 2026-11-25-h100-lean-call).
+// The caller's quiet (follow): once job seq is issued, wait until no job was submitted
+// for quiet_s, or max_delay_s passed, or the issuer fails or closes; GIL released.
+void wait_quiet(State& s, double quiet_s, double max_delay_s) {
+    const int64_t quiet = static_cast<int64_t>(quiet_s * 1e9);
+    const int64_t until = now_ns() + static_cast<int64_t>(max_delay_s * 1e9);
+    for (;;) {
+        int64_t now = now_ns();
+        int64_t left = std::min(s.submitted_ns.load(std::memory_order_relaxed) + quiet, until) - now;
+        if (left <= 0 || s.failed.load() || s.poisoned.load()) return;
+        {
+            std::lock_guard<std::mutex> lock(s.mu);
+            if (s.closing) return;
+        }
+        std::this_thread::sleep_for(std::chrono::nanoseconds(left));
+    }
+}
+
+// follow(stream, seq, timeout_s=-1, last=seq, quiet_s=0, max_delay_s=0) -> n, 0 or -1:
+// once job seq is issued (and, with quiet_s, once the caller stopped submitting for that
+// long or max_delay_s passed: wait_quiet), `stream` waits (on the device) for the done
+// event of the newest issued job up to `last`, so for every job from seq to it, and n
+// counts them (seq .. seq+n-1: jobs finish in issue order on the flag stream, so one
+// wait covers them all). A failed job ends the run before it. 0: seq not issued within
+// timeout_s; -1: job seq failed or was refused (error() says why), and nothing was
+// enqueued. All of it in one release of the GIL: it is the completer thread's whole work
+// but set_result, and each time that thread takes the GIL from a caller making calls
+// back to back, the caller waits (results 2026-11-25-h100-lean-call); quiet_s keeps it
+// off the GIL while the caller is making calls.
 PyObject* issuer_follow(Issuer* self, PyObject* args) {
     unsigned long long stream;
-    unsigned long seq_arg;
-    double timeout_s = -1;
-    if (!PyArg_ParseTuple(args, "Kk|d", &stream, &seq_arg, &timeout_s)) return nullptr;
+    unsigned long seq_arg, last_arg = 0;
+    double timeout_s = -1, quiet_s = 0, max_delay_s = 0;
+    if (!PyArg_ParseTuple(args, "Kk|dkdd", &stream, &seq_arg, &timeout_s, &last_arg, &quiet_s,
+                          &max_delay_s))
+        return nullptr;
     State& s = *self->s;
     uint32_t seq = static_cast<uint32_t>(seq_arg);
+    uint32_t last = PyTuple_GET_SIZE(args) > 3 ? static_cast<uint32_t>(last_arg) : seq;
+    if (static_cast<int32_t>(last - seq) < 0) last = seq;
     auto issued = [&] { return static_cast<int32_t>(s.issued.load() - seq) >= 0; };
-    int out = 1;
+    long out = 0;
+    uint32_t upto = seq;
     CUresult r = 0;
     Py_BEGIN_ALLOW_THREADS
     {  // mu is released before the GIL is taken back (wait_for says why)
@@ -943,12 +977,20 @@ PyObject* issuer_follow(Issuer* self, PyObject* args) {
         bool ok = true;
         if (timeout_s < 0) s.idle_cv.wait(lock, issued);
         else ok = s.idle_cv.wait_for(lock, std::chrono::duration<double>(timeout_s), issued);
-        if (!ok) out = 0;
-        else if (s.failure.set && static_cast<int32_t>(seq - s.failure.seq) >= 0) out = -1;
+        out = ok ? 1 : 0;
     }
-    if (out == 1 && s.has_cuda) {
+    if (out && quiet_s > 0) wait_quiet(s, quiet_s, max_delay_s);
+    if (out) {
+        std::lock_guard<std::mutex> lock(s.mu);
+        uint32_t now = s.issued.load();
+        upto = static_cast<int32_t>(now - last) >= 0 ? last : now;
+        if (s.failure.set && static_cast<int32_t>(upto - s.failure.seq) >= 0)
+            upto = s.failure.seq - 1;  // the jobs before the failure still finished
+        out = static_cast<int32_t>(upto - seq) >= 0 ? static_cast<long>(upto - seq) + 1 : -1;
+    }
+    if (out > 0 && s.has_cuda) {
         make_current(s);
-        r = s.cuda.streamWaitEvent(reinterpret_cast<CUstream>(stream), s.dones[seq % kEntryRing], 0);
+        r = s.cuda.streamWaitEvent(reinterpret_cast<CUstream>(stream), s.dones[upto % kEntryRing], 0);
     }
     Py_END_ALLOW_THREADS
     if (r) {
@@ -1167,7 +1209,8 @@ PyMethodDef issuer_methods[] = {
     {"stream_wait", reinterpret_cast<PyCFunction>(issuer_stream_wait), METH_VARARGS,
      "stream_wait(stream, seq): the stream waits for an issued job's done event"},
     {"follow", reinterpret_cast<PyCFunction>(issuer_follow), METH_VARARGS,
-     "follow(stream, seq, timeout_s=-1) -> 1 (the stream waits for job seq), 0 or -1"},
+     "follow(stream, seq, timeout_s=-1, last=seq, quiet_s=0, max_delay_s=0) -> n: the stream "
+     "waits for jobs seq..seq+n-1 (issued, up to last); 0: not issued in time; -1: seq failed"},
     {"state", reinterpret_cast<PyCFunction>(issuer_state), METH_O,
      "state(seq): 1 finished, 0 pending, -1 failed"},
     {"error", reinterpret_cast<PyCFunction>(issuer_error), METH_NOARGS,

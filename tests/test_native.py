@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -484,6 +485,60 @@ def test_follow_waits_for_the_issue_and_refuses_failed_jobs() -> None:
     assert issuer.follow(0, second, 10.0) == -1 and issuer.error()[:2] == (2, 1)
     assert issuer.follow(0, third) == -1  # no timeout: until issued
     assert issuer.follow(0, first, 0.0) == 1  # jobs before the failure still completed
+    issuer.close()
+
+
+@built
+def test_follow_covers_every_issued_job_up_to_last_and_stops_before_a_failure() -> None:
+    """The completer's batches: one follow for the Futures queued together counts the
+    jobs from ``seq`` that are issued (up to ``last``), never past a failed one."""
+    issuer = _native.Issuer()
+    fast = _native.Program(_instr("nop", 0), b"", 0)
+    slow = _native.Program(_instr("nop", 300_000), b"", 0)  # 300 ms a job
+    bad = _native.Program(_instr("fail", stage=1), b"", 0)
+    jobs = [issuer.submit(p, 0, 0) for p in (fast, fast, fast, slow, bad, fast)]
+    assert issuer.wait_issued(jobs[2], 10.0)
+    assert issuer.follow(0, jobs[0], 10.0, jobs[5]) in (3, 4)  # the slow one may be done
+    assert issuer.follow(0, jobs[1], 10.0, jobs[1]) == 1  # never past last
+    assert issuer.follow(0, jobs[1], 10.0, jobs[0]) == 1  # a last before seq: seq alone
+    assert issuer.wait_issued(jobs[5], 10.0)
+    assert issuer.follow(0, jobs[0], 0.0, jobs[5]) == 4  # stops before the failed job
+    assert issuer.follow(0, jobs[4], 0.0, jobs[5]) == -1
+    assert issuer.follow(0, jobs[5], 0.0, jobs[5]) == -1  # and after it
+    issuer.close()
+
+
+@built
+def test_follow_waits_for_the_callers_quiet_but_no_longer_than_the_delay() -> None:
+    """With quiet_s, follow returns once no job was submitted for that long, or
+    max_delay_s after the job was issued while jobs keep coming (the completer stays
+    off the GIL while the caller makes calls)."""
+    issuer = _native.Issuer()
+    nop = _native.Program(_instr("nop", 0), b"", 0)
+    first = issuer.submit(nop, 0, 0)
+    assert issuer.wait_issued(first, 10.0)
+    started = time.perf_counter()
+    assert issuer.follow(0, first, 10.0, first, 0.2, 5.0) == 1  # quiet 0.2 s after submit
+    assert 0.1 <= time.perf_counter() - started < 4.0
+
+    stop = threading.Event()
+
+    def submitting() -> None:  # a caller that keeps making calls, every 20 ms
+        while not stop.wait(0.02):
+            issuer.submit(nop, 0, 0)
+
+    caller = threading.Thread(target=submitting)
+    caller.start()
+    try:
+        second = issuer.submit(nop, 0, 0)
+        started = time.perf_counter()
+        n = issuer.follow(0, second, 10.0, second + 1000, 0.5, 0.3)
+        waited = time.perf_counter() - started
+    finally:
+        stop.set()
+        caller.join()
+    assert 0.25 <= waited < 0.5, waited  # the delay, not the quiet the caller never left
+    assert n >= 2  # jobs submitted while it waited, and issued, are covered too
     issuer.close()
 
 

@@ -8,7 +8,8 @@ first time by recording.trace) and one call into ringreduce._native (native/issu
                 issuer; only the ~100 Python calls are gone.
   native-async  Issuer.submit, opt-in: the job is queued for a worker thread (C++, no
                 GIL) and an asynchronous call returns without waiting for it; a
-                completer thread completes its Future once the job is issued. A
+                completer thread completes its Future once the job is issued and
+                the caller stopped making calls (at most 5 ms after the issue). A
                 synchronous call still waits on the host until its job is issued. A
                 call on memory an earlier queued call still uses follows it on the
                 device (``after``: the worker adds the wait), so the caller never waits
@@ -47,6 +48,7 @@ so that no stream waits forever.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -70,6 +72,14 @@ _PROGRAMS = 4096
 """Traced programs kept per Communicator (about 14 KB each for a 25 MiB call at 2 x 2):
 the keys repeat in training (one per DDP bucket size), and a workload of ever-new
 sizes must not grow memory without bound."""
+_QUIET_S = 200e-6
+"""The completer completes Futures once no call was submitted for this long (a caller
+making calls back to back submits every 40-80 µs at 2 x 2, results
+2026-11-25-h100-batch-gather), so it takes the GIL while the caller does not need it."""
+_MAX_DELAY_S = 5e-3
+"""... or, while calls keep coming, this long after a job was issued."""
+_SEQS = 1 << 32
+"""Job numbers are the extension's uint32 and wrap around."""
 _STOP_WAIT_S = 2.0
 """How long a failure waits for the worker to leave NCCL before aborting anyway (the
 same bound as for a Python issuing thread, resources._ABORT_LOCK_WAIT_S)."""
@@ -151,6 +161,26 @@ class Completion:
         return f"entry {words[states[0]]}, done {words[states[1]]}"
 
 
+_Pending = tuple[int, Any, torch.Tensor, Record]
+"""A Future for the completer: (job, Future, tensor, flight record)."""
+
+
+def _take(jobs: queue.SimpleQueue[_Pending | None], pending: collections.deque[_Pending],
+          block: bool) -> bool:
+    """Move queued Futures to ``pending``: one, waiting for it (``block``), or every one
+    queued now. False once close() asked the completer to end."""
+    while True:
+        try:
+            item = jobs.get(block)
+        except queue.Empty:
+            return True
+        if item is None:
+            return False
+        pending.append(item)
+        if block:
+            return True
+
+
 class NativeIssuer:
     """One Communicator's traced programs and the extension's Issuer that replays them
     (on the caller's thread, or on its worker thread for native-async)."""
@@ -180,8 +210,7 @@ class NativeIssuer:
             self.worker.enable_probes(probes)  # Config.issue_probes: a hang's diagnosis
         self.done = torch.cuda.Stream(res.device, priority=-1)
         self._done_handle = self.done.cuda_stream
-        self._completer: queue.SimpleQueue[tuple[int, Any, torch.Tensor, Record] | None] = \
-            queue.SimpleQueue()
+        self._completer: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._completer_thread: threading.Thread | None = None
         if not inline:  # only queued jobs need someone to complete their Futures
             self._completer_thread = threading.Thread(target=self._complete, daemon=True,
@@ -316,37 +345,50 @@ class NativeIssuer:
         orders the caller's stream after the result. Futures of calls the worker failed
         or never issued (a failure, close) get the RingReduceError.
 
-        Its GIL time is the caller's loss: back to back, each time this thread takes the
-        GIL the caller waits (results 2026-11-25-h100-lean-call, run 61: 99 µs a call
-        against 59 with completion deferred; after this, ~30 µs remain, run 66).
-        So the done stream is this thread's current stream for good (entering a stream
-        context cost 20 µs a Future there), and ``follow`` waits for the issue and
-        enqueues the device wait in one release of the GIL."""
+        Its GIL time is the caller's loss: each time this thread takes the GIL from a
+        caller making calls back to back, the caller waits (results
+        2026-11-25-h100-lean-call, run 61: 99 µs a call against 59 with completion
+        deferred). So it completes Futures while the caller is quiet: once a job is
+        issued, ``follow`` waits (without the GIL) until no call was submitted for
+        ``_QUIET_S`` or ``_MAX_DELAY_S`` passed, and then makes the done stream wait once
+        for every queued job issued by then, whose Futures it completes together. The
+        done stream is this thread's current stream for good (entering a stream context
+        cost 20 µs a Future there)."""
         torch.cuda.set_device(self.res.device)
         torch.cuda.set_stream(self.done)  # each Future records its event after the wait
-        while True:
-            item = self._completer.get()
-            if item is None:
+        jobs = self._completer  # its own reference: benchmarks may swap the attribute
+        pending: collections.deque[_Pending] = collections.deque()
+        closing = False
+        while pending or not closing:
+            if not pending and not _take(jobs, pending, block=True):
                 return
-            seq, fut, t, record = item
+            closing = not _take(jobs, pending, block=False) or closing
+            seq, fut, _, record = pending[0]
             try:
-                self._follow(seq, record)
+                n = self._follow(seq, pending[-1][0], record)
             except (RingReduceError, RuntimeError) as exc:
+                pending.popleft()
                 fut.set_exception(exc if isinstance(exc, RingReduceError) else
                                   RingReduceError(f"{self.failure_text(record)}: {exc}"))
                 continue
-            fut.set_result(t)
+            while pending and (pending[0][0] - seq) % _SEQS < n:
+                _, fut, t, _ = pending.popleft()
+                fut.set_result(t)
 
-    def _follow(self, seq: int, record: Record) -> None:
-        """The done stream waits for job ``seq`` once it is issued; raises if the job
-        failed, or was never issued before this communicator failed."""
-        state = self.worker.follow(self._done_handle, seq, _DRAIN_POLL_S)
-        while state == 0 and self.res.guard.failure is None:
-            state = self.worker.follow(self._done_handle, seq, _DRAIN_POLL_S)
-        if state == 0:  # the communicator failed: one last look, without waiting
-            state = self.worker.follow(self._done_handle, seq, 0)
-        if state != 1:
+    def _follow(self, seq: int, last: int, record: Record) -> int:
+        """The done stream waits for job ``seq`` once it is issued and the caller is
+        quiet, and for every later job up to ``last`` issued by then; how many jobs from
+        ``seq`` that covers. Raises if job ``seq`` failed, or was never issued before this
+        communicator failed."""
+        follow, stream = self.worker.follow, self._done_handle
+        n = follow(stream, seq, _DRAIN_POLL_S, last, _QUIET_S, _MAX_DELAY_S)
+        while n == 0 and self.res.guard.failure is None:
+            n = follow(stream, seq, _DRAIN_POLL_S, last, _QUIET_S, _MAX_DELAY_S)
+        if n == 0:  # the communicator failed: one last look, without waiting
+            n = follow(stream, seq, 0, last)
+        if n <= 0:
             raise RingReduceError(self.failure_text(record))
+        return n
 
     def failure_text(self, record: Record | None = None) -> str:
         """The issuer's first failure, naming its stage and peers, and ``record``'s

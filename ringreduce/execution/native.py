@@ -75,7 +75,7 @@ sizes must not grow memory without bound."""
 _QUIET_S = 200e-6
 """The completer completes Futures once no call was submitted for this long (a caller
 making calls back to back submits every 40-80 µs at 2 x 2, results
-2026-11-25-h100-batch-gather), so it takes the GIL while the caller does not need it."""
+2026-11-25-h100-quiet-completer), so it takes the GIL while the caller does not need it."""
 _MAX_DELAY_S = 5e-3
 """... or, while calls keep coming, this long after a job was issued."""
 _SEQS = 1 << 32

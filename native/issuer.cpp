@@ -276,6 +276,14 @@ uint64_t take_ticket() {
     return order().next++;
 }
 
+// When the process last submitted a job to any Issuer (steady clock, ns): a caller
+// making calls holds the GIL between them, whichever Communicator it calls, so the
+// completers wait for the process's quiet (wait_quiet), not their own Issuer's.
+std::atomic<int64_t>& submitted_ns() {
+    static std::atomic<int64_t>* t = new std::atomic<int64_t>(0);
+    return *t;
+}
+
 // The job holding `ticket` may issue once every earlier ticket was served; the turn ends
 // (the next ticket is served) when this object goes, whatever the job did.
 class Turn {
@@ -322,7 +330,6 @@ struct State {
     std::deque<Job> queue;
     std::vector<PyObject*> finished;  // programs to release (under the GIL, by callers)
     uint32_t submitted = 0;
-    std::atomic<int64_t> submitted_ns{0};  // steady clock at the latest submit (follow's quiet)
     std::atomic<uint32_t> issued{0};
     std::atomic<bool> poisoned{false};  // stop issuing: communicators are being aborted
     std::atomic<bool> in_call{false};   // inside a CUDA or NCCL call right now
@@ -825,7 +832,7 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
         s.queue.push_back(Job{program, p, base, seq, entry, after, take_ticket()});
         s.submitted = seq;
     }
-    s.submitted_ns.store(now_ns(), std::memory_order_relaxed);
+    submitted_ns().store(now_ns(), std::memory_order_relaxed);
     s.cv.notify_one();
     return PyLong_FromUnsignedLong(seq);
 }
@@ -928,14 +935,14 @@ PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
     Py_RETURN_NONE;
 }
 
-// The caller's quiet (follow): once job seq is issued, wait until no job was submitted
-// for quiet_s, or max_delay_s passed, or the issuer fails or closes; GIL released.
+// The caller's quiet (follow): once job seq is issued, wait until the process submitted
+// no job for quiet_s, or max_delay_s passed, or the issuer fails or closes; GIL released.
 void wait_quiet(State& s, double quiet_s, double max_delay_s) {
     const int64_t quiet = static_cast<int64_t>(quiet_s * 1e9);
     const int64_t until = now_ns() + static_cast<int64_t>(max_delay_s * 1e9);
     for (;;) {
         int64_t now = now_ns();
-        int64_t left = std::min(s.submitted_ns.load(std::memory_order_relaxed) + quiet, until) - now;
+        int64_t left = std::min(submitted_ns().load(std::memory_order_relaxed) + quiet, until) - now;
         if (left <= 0 || s.failed.load() || s.poisoned.load()) return;
         {
             std::lock_guard<std::mutex> lock(s.mu);

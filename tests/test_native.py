@@ -7,6 +7,7 @@ run in tests/test_native_cuda.py."""
 from __future__ import annotations
 
 import functools
+import itertools
 import shutil
 import struct
 import subprocess
@@ -510,9 +511,9 @@ def test_follow_covers_every_issued_job_up_to_last_and_stops_before_a_failure() 
 
 @built
 def test_follow_waits_for_the_callers_quiet_but_no_longer_than_the_delay() -> None:
-    """With quiet_s, follow returns once no job was submitted for that long, or
-    max_delay_s after the job was issued while jobs keep coming (the completer stays
-    off the GIL while the caller makes calls)."""
+    """With quiet_s, follow returns once the process submitted no job for that long, to
+    any Issuer, or max_delay_s after the job was issued while jobs keep coming (the
+    completer stays off the GIL while the caller makes calls)."""
     issuer = _native.Issuer()
     nop = _native.Program(_instr("nop", 0), b"", 0)
     first = issuer.submit(nop, 0, 0)
@@ -522,10 +523,13 @@ def test_follow_waits_for_the_callers_quiet_but_no_longer_than_the_delay() -> No
     assert 0.1 <= time.perf_counter() - started < 4.0
 
     stop = threading.Event()
+    other = _native.Issuer()  # another Communicator's
 
     def submitting() -> None:  # a caller that keeps making calls, every 20 ms
-        while not stop.wait(0.02):
-            issuer.submit(nop, 0, 0)
+        for i in itertools.count():
+            if stop.wait(0.02):
+                return
+            (issuer if i % 2 else other).submit(nop, 0, 0)
 
     caller = threading.Thread(target=submitting)
     caller.start()
@@ -540,6 +544,7 @@ def test_follow_waits_for_the_callers_quiet_but_no_longer_than_the_delay() -> No
     assert 0.25 <= waited < 0.5, waited  # the delay, not the quiet the caller never left
     assert n >= 2  # jobs submitted while it waited, and issued, are covered too
     issuer.close()
+    other.close()
 
 
 _GIL_AND_LOCK = """

@@ -279,7 +279,7 @@ class Config:
             if raw is not None and raw.strip():
                 values[field] = _parse(var, raw.strip(), kinds[field])
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return dataclasses.replace(cls(), **values)
+        return dataclasses.replace(cls(), **values)  # type: ignore[arg-type]  # checked by __post_init__
 
     @property
     def paired_comms(self) -> bool:

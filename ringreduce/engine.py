@@ -48,7 +48,7 @@ class Communicator:
                  min_bytes: int | None = None, wire_dtype: torch.dtype | None = None,
                  graphs: int | None = None) -> None:
         if not dist.is_initialized():
-            raise RuntimeError("ringreduce.Communicator needs torch.distributed: call "
+            raise ValueError("ringreduce.Communicator needs torch.distributed: call "
                                "dist.init_process_group(...) first")
         wire = None if wire_dtype is None else _WIRE_NAMES.get(wire_dtype)
         if wire_dtype is not None and wire is None:
@@ -58,6 +58,7 @@ class Communicator:
                                       staging_bytes=staging_bytes, min_bytes=min_bytes,
                                       wire_dtype=wire, graphs=graphs)
         group = group or dist.group.WORLD
+        assert group is not None  # initialised (checked above): WORLD exists
         world = dist.get_world_size(group)
         self._setup(group_store(group, world), dist.get_rank(group), world, _device_of(group))
 

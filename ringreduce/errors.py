@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class RingReduceError(RuntimeError):
     """An NCCL, CUDA or transport failure inside ringreduce.
@@ -20,7 +22,7 @@ CALL_CHECK = "call check"
 checks of safety/guard.py, the end-of-call check of execution/call_check.py)."""
 
 
-def stage_error(stage: str, rank: int | None, where: str, peers: object,
+def stage_error(stage: str, rank: int | None, where: str, peers: Iterable[int],
                 cause: object) -> RingReduceError:
     """The one shape of a stage failure: "ringreduce stage '<stage>' failed on rank <r>
     in <where>, peers (group ranks) [...]: <cause>". ``where`` says which operation

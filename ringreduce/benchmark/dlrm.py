@@ -106,6 +106,7 @@ class Groups:
 
 def make_groups(device: torch.device) -> Groups:
     world = dist.group.WORLD
+    assert world is not None, "the benchmark's ranks initialised torch.distributed"
     if not isinstance(world, RingReduceGroup):
         return Groups(world, None)
     return Groups(dist.new_group(backend="nccl" if device.type == "cuda" else "gloo"), world)

@@ -42,6 +42,9 @@ def mlp(sizes: list[int]) -> nn.Sequential:
 class DLRM(nn.Module):
     """forward(dense (B, F), ids (T, B, bag)) -> click logits (B,)."""
 
+    pairs: torch.Tensor
+    """The (i, j) index pairs of the feature interactions, i < j (a buffer)."""
+
     def __init__(self, spec: Spec) -> None:
         super().__init__()
         self.bottom = mlp([spec.dense, *spec.bottom, spec.dim])

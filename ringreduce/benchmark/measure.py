@@ -40,7 +40,7 @@ class Bench:
     backend: str
     device: torch.device
     dtype: torch.dtype
-    op: dist.ReduceOp
+    op: dist.ReduceOp.RedOpType
     groups: references.Groups | None
     """Machine and rail groups of the two-level reference (all-reduce only)."""
 
@@ -226,7 +226,7 @@ def make_row(b: Bench, count: int, buckets: int, route: str, names: list[str],
     t_min = link_bound(size * buckets, b.comm.topology.machines, a.link_gbit, passes)
     # ringreduce's own bound counts the bytes it puts on the link: a 16-bit wire halves
     # them, so its efficiency stays <= 1 and says how close it runs to its own floor.
-    rr_min = t_min * wire_fraction(b, route) if t_min else None
+    rr_min = t_min * wire_fraction(b, route) if t_min else 0.0
     for name in IMPLS:
         row |= {f"{name}_{k}": None for k in ("time_us", "host_us", "cpu_us", "algbw",
                                               "busbw", "wrong", "link_eff")}

@@ -33,7 +33,7 @@ warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprec
 warnings.filterwarnings("ignore", message=r".*reduce_scatter_tensor.* is deprecated")
 
 
-def flat(collective: str, op: dist.ReduceOp, avg_by_division: bool, world: int) -> Reduce:
+def flat(collective: str, op: dist.ReduceOp.RedOpType, avg_by_division: bool, world: int) -> Reduce:
     """The same collective through torch.distributed on the whole group."""
     red = dist.ReduceOp.SUM if avg_by_division else op
     call = {"all_reduce": lambda i, o, a: dist.all_reduce(o, op=red, async_op=a),
@@ -79,7 +79,7 @@ def make_groups(topo: Topology) -> Groups:
     return Groups(machine, rail, topo.devices_per_machine)
 
 
-def two_level(groups: Groups, op: dist.ReduceOp, world: int, bufs: list[Pair]) -> Reduce:
+def two_level(groups: Groups, op: dist.ReduceOp.RedOpType, world: int, bufs: list[Pair]) -> Reduce:
     """Reduce-scatter in the machine, all-reduce on the rail, all-gather in the
     machine, one tensor after another. Buffers for the padded copy and the shard are
     made here, once, so the timed loop measures communication, not allocation."""

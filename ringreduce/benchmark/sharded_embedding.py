@@ -20,7 +20,7 @@ and ``all_gather`` works (``ringreduce.Communicator``, or a process-group wrappe
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -137,7 +137,7 @@ class RowShardedEmbeddingBag(nn.Module):
     @property
     def weight(self) -> nn.Parameter:
         """This rank's rows ``[start, stop)`` of the table."""
-        return self.shard.weight
+        return cast(nn.Parameter, self.shard.weight)  # torch types it as a Tensor
 
     @torch.no_grad()
     def load_full(self, table: torch.Tensor) -> None:

@@ -35,6 +35,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op: str, ctx: Call
                    stream: int | None) -> None:
     """Unpipelined meaning: output = reduce(op, [input_r.view(N, n)[rank] for every r])."""
     topo, n = ctx.topo, output.numel()
+    assert ctx.rank_order is not None, "a hierarchical route has its rank order"
     staged = input.view(topo.world_size, n).index_select(0, ctx.rank_order)
     machine_part = torch.empty((topo.machines, n), dtype=output.dtype, device=output.device)
     with stage_errors(ctx, "reduce_scatter", input):
@@ -55,6 +56,7 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, ctx: CallContext,
         ctx.transport.all_gather_into("diffuse", input.view(-1), rail, stream)
     with stage_errors(ctx, "all_gather", input):
         ctx.transport.all_gather_into("all_gather", rail, gathered, stream)
+    assert ctx.rank_order is not None, "a hierarchical route has its rank order"
     output.view(topo.world_size, n).index_copy_(0, ctx.rank_order, gathered)
 
 

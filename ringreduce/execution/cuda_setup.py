@@ -49,7 +49,7 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
     divisors and then build_replay come after (resources.build_resources)."""
     topo, timeout_s = res.topo, config.timeout_s
     if topo.rank == 0:
-        store.set("nccl/world", nccl.new_unique_id())
+        store.set("nccl/world", nccl.new_unique_id())  # type: ignore[arg-type]  # bytes work
     deadline = time.monotonic() + timeout_s  # a peer that never arrives: an error, no hang
     root = nccl.init_nonblocking(topo.world_size, topo.rank, store.get("nccl/world"), deadline)
     comms = res.comms
@@ -136,7 +136,7 @@ def _split_stages(comms: dict[str, Any], split: Callable[..., Any], topo: Topolo
     """The stage communicators: inside the machine (color: the machine) and along the
     rail (color: the device index). A pair of stages shares one (Config.pair_comms) when
     waves issue both in one group; otherwise each stage gets its own."""
-    pairs = []
+    pairs: list[tuple[str, str, int, int, int | None]] = []
     if topo.devices_per_machine > 1:
         pairs.append(("reduce_scatter", "all_gather", topo.machine_index, topo.device_index,
                       None))

@@ -365,7 +365,7 @@ def _as_torch_future(job: concurrent.futures.Future[Any],
     def done(j: concurrent.futures.Future[Any]) -> None:
         exc = j.exception()
         if exc is not None:
-            fut.set_exception(exc)
+            fut.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: "result: T"
         else:
             fut.set_result(t)
 

@@ -215,10 +215,12 @@ class GlooTransport:
     """Stage operations on gloo groups ("world", "intra", "rail"), called directly
     with group-local ranks: device index inside a machine, machine index on a rail."""
 
-    def __init__(self, topo: Topology, groups: dict[str, dist.ProcessGroupGloo],
+    def __init__(self, topo: Topology, groups: dict[str, Any],
                  gathers: bool = True) -> None:
         self.topo = topo
         self.groups = groups
+        """dist.ProcessGroupGloo by name (typed Any: torch's stub lists none of the
+        collectives called here)."""
         self.gathers = gathers
         """Config.diffuse_gather (gathers_diffuse)."""
         self.others = other_machines(topo)
@@ -277,14 +279,14 @@ class GlooTransport:
 
     def _all_reduce(self, comm: str, t: torch.Tensor, op: dist.ReduceOp.RedOpType) -> None:
         opts = c10d.AllreduceOptions()
-        opts.reduceOp = op
+        opts.reduceOp = op  # type: ignore[assignment]  # a RedOpType converts implicitly
         self.groups[_GROUP_OF[comm]].allreduce([t], opts).wait()
 
     def reduce_scatter_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor, op: str,
                             stream: None = None) -> None:
         """recv = block ``rank`` of the reduction of ``send`` over ``comm``'s ranks."""
         opts = c10d.ReduceScatterOptions()
-        opts.reduceOp = _gloo_op(op)
+        opts.reduceOp = _gloo_op(op)  # type: ignore[assignment]  # as in _all_reduce
         self.groups[_GROUP_OF[comm]]._reduce_scatter_base(recv.view(-1), send.view(-1),
                                                           opts).wait()
 

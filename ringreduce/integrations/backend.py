@@ -55,7 +55,7 @@ class RingReduceGroup(dist.ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, size: int,
                  timeout: datetime.timedelta) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the stub lists only (store, rank, size)
         self._store = store
         self._engines: dict[str, Communicator] = {}
         self._delegated: set[str] = set()
@@ -74,7 +74,8 @@ class RingReduceGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return NAME
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+    def allreduce(  # type: ignore[override]  # torch's C++ calls it with (tensors, opts)
+            self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else c10d.AllreduceOptions()
         reason = self._not_ours(tensors, opts.reduceOp)
         if reason:
@@ -119,7 +120,8 @@ class RingReduceGroup(dist.ProcessGroup):
             self._delegated.add(reason)
             log.warning("ringreduce backend: all_reduce of %s runs on %s's own backend "
                         "(logged once per reason)", reason, device.type)
-        return self._get_backend(device).allreduce(tensors, opts)
+        backend: Any = self._get_backend(device)  # ProcessGroupGloo or -NCCL; not in the stub
+        return backend.allreduce(tensors, opts)
 
     def _backend_for(self, args: tuple[Any, ...]) -> Any:
         """The backend of the device of the first tensor in ``args`` (the default
@@ -205,7 +207,7 @@ def _listed(fut: torch.futures.Future[torch.Tensor],
         try:
             value = f.value()
         except Exception as exc:  # the engine's error, handed on unchanged
-            listed.set_exception(exc)
+            listed.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: "result: T"
             return
         listed.set_result([value])
 

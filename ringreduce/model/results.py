@@ -160,7 +160,9 @@ def exclusion(sample: Sample) -> str | None:
     if row.get("rr_wrong") or row.get("ref_wrong"):
         return "wrong elements"
     cores = cores_per_rank(sample.meta)
-    for side in ("rr", "ref") if cores else ():
+    if not cores:
+        return None
+    for side in ("rr", "ref"):
         cpu, time = row.get(f"{side}_cpu_us"), row.get(f"{side}_time_us")
         if cpu and time and cpu * sample.buckets / time >= CPU_BOUND * cores:
             return f"CPU-bound emulation ({side}: {cpu * sample.buckets / time:.1f} of " \

@@ -83,7 +83,11 @@ class _Plan:
 @functools.lru_cache(maxsize=256)
 def _plan(numel: int, itemsize: int, d: int, m: int, slice_bytes: int, slots: int,
           calls: int, slot_reader: str = "add") -> _Plan:
-    call, index, stage, size, deps = [], [], [], [], []
+    call: list[int] = []
+    index: list[int] = []
+    stage: list[str] = []
+    size: list[int] = []
+    deps: list[set[int]] = []
     last_on: dict[str, int] = {}
     recorder: dict[str, int] = {}
     slices = []

@@ -273,7 +273,7 @@ class Watchdog:
         return stage_error(CALL_CHECK, self.rank, where, self._everyone, cause)
 
     def _error(self, op: _Op, cause: str) -> RingReduceError:
-        stage, peers = "-", ()
+        stage, peers = "-", tuple[int, ...]()
         if op.stages:  # the first unfinished stage, or the last one if all finished
             stage, _, peers = op.stages[min(op.done, len(op.stages) - 1)]
         return stage_error(stage, self.rank, f"operation #{op.op_number} ({op.what})", peers,

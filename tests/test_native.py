@@ -15,6 +15,7 @@ import sys
 import sysconfig
 import threading
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,12 +25,14 @@ import torch
 
 from ringreduce import info
 from ringreduce.config import Config
+from ringreduce.errors import RingReduceError
 from ringreduce.execution import call_check, kernels, native, recording
 from ringreduce.execution.call_check import DeviceCallCheck
 from ringreduce.execution.kernels import Kernels
 from ringreduce.execution.pipeline import Buffers, run_waves
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import layout, schedule, topology
+from ringreduce.safety.flight import Record
 
 _native, WHY = native.extension()
 built = pytest.mark.skipif(_native is None, reason=f"no extension: {WHY}")
@@ -545,6 +548,69 @@ def test_follow_waits_for_the_callers_quiet_but_no_longer_than_the_delay() -> No
     assert n >= 2  # jobs submitted while it waited, and issued, are covered too
     issuer.close()
     other.close()
+
+
+def _completer(issuer: Any, failed: Callable[[], bool] = lambda: False) -> native.Completer:
+    """native-async's completer over a CPU Issuer: no stream to wait on, no setup."""
+    return native.Completer(issuer, 0, failed,
+                            lambda record: f"job failed (operation #{record.op_number})",
+                            lambda: None)
+
+
+def _queued(completer: native.Completer, seq: int, value: float) -> Any:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    record = Record(seq, 1, "torch.float32", "sum", "hierarchical (native-async)")
+    completer.put((seq, fut, torch.tensor([value]), record))
+    return fut
+
+
+@built
+def test_the_completer_completes_each_future_with_its_tensor_once_issued() -> None:
+    """Futures complete in job order with their own tensors, none before its job is
+    issued; a failed job's Future and every later one get the RingReduceError naming
+    the operation, earlier ones their results; close() completes whatever is left."""
+    issuer = _native.Issuer()
+    slow = _native.Program(_instr("nop", 300_000), b"", 0)  # 300 ms a job
+    fast = _native.Program(_instr("nop", 0), b"", 0)
+    bad = _native.Program(_instr("fail", stage=1), b"", 0)
+    completer = _completer(issuer)
+    jobs = [issuer.submit(p, 0, 0) for p in (slow, fast, fast, bad, fast)]
+    futs = [_queued(completer, seq, float(i)) for i, seq in enumerate(jobs)]
+    time.sleep(0.1)
+    assert not any(f.done() for f in futs)  # the first job is still being issued
+    for i in range(3):
+        assert futs[i].wait().item() == float(i)
+    for i in (3, 4):
+        with pytest.raises(RingReduceError, match=f"operation #{jobs[i]}"):
+            futs[i].wait()
+    late = issuer.submit(fast, 0, 0)
+    assert late == jobs[-1] + 1
+    last = _queued(completer, late, 9.0)
+    issuer.close()
+    completer.close()
+    with pytest.raises(RingReduceError):  # issued after the failure: refused
+        last.wait()
+
+
+@built
+def test_the_completer_gives_up_when_the_communicator_fails() -> None:
+    """A job the worker never issues (stuck, as inside NCCL for a dead peer) leaves its
+    Future to the communicator's failure: the completer looks again after each poll and
+    raises once ``failed()``, not never."""
+    issuer = _native.Issuer()
+    stuck = _native.Program(_instr("nop", 3_000_000), b"", 0)  # 3 s
+    failed = threading.Event()
+    completer = _completer(issuer, failed.is_set)
+    fut = _queued(completer, issuer.submit(stuck, 0, 0), 1.0)
+    time.sleep(0.3)
+    assert not fut.done()
+    started = time.perf_counter()
+    failed.set()
+    with pytest.raises(RingReduceError, match="operation #1"):
+        fut.wait()
+    assert time.perf_counter() - started < 1.5  # within a few polls, not the job's 3 s
+    issuer.close()
+    completer.close()
 
 
 _GIL_AND_LOCK = """

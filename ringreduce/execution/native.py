@@ -161,24 +161,93 @@ class Completion:
         return f"entry {words[states[0]]}, done {words[states[1]]}"
 
 
-_Pending = tuple[int, Any, torch.Tensor, Record]
-"""A Future for the completer: (job, Future, tensor, flight record)."""
+_Pending = tuple[int, "torch.futures.Future[torch.Tensor]", torch.Tensor, Record]
+"""A Future to complete: (job, Future, tensor, flight record)."""
 
 
-def _take(jobs: queue.SimpleQueue[_Pending | None], pending: collections.deque[_Pending],
-          block: bool) -> bool:
-    """Move queued Futures to ``pending``: one, waiting for it (``block``), or every one
-    queued now. False once close() asked the completer to end."""
-    while True:
-        try:
-            item = jobs.get(block)
-        except queue.Empty:
-            return True
-        if item is None:
-            return False
-        pending.append(item)
-        if block:
-            return True
+class Completer:
+    """native-async's completer thread: completes each asynchronous call's Future once
+    the worker has issued its job, after the done stream waits for the job's done event
+    (so ``wait()`` orders the waiter's stream after the result); Futures of calls the
+    worker failed or never issued (a failure, close) get the RingReduceError.
+
+    Its GIL time is the caller's loss: each time this thread takes the GIL from a caller
+    making calls back to back, the caller waits (results 2026-11-25-h100-lean-call, run
+    61: 99 µs a call against 59 with completion deferred). So it completes Futures while
+    the caller is quiet: once a job is issued, ``Issuer.follow`` waits (without the GIL)
+    until the process submitted nothing for ``_QUIET_S`` or ``_MAX_DELAY_S`` passed, then
+    makes the done stream wait once for every queued job issued by then, whose Futures
+    complete together (results 2026-11-25-h100-quiet-completer: 1.10-1.17x NCCL's call
+    back to back, against 1.71-1.79x)."""
+
+    def __init__(self, worker: Any, stream: int, failed: Callable[[], bool],
+                 failure_text: Callable[[Record], str], setup: Callable[[], None]) -> None:
+        self.worker, self.stream = worker, stream
+        """The extension's Issuer; the cudaStream_t each Future records its event on."""
+        self._failed, self._failure_text, self._setup = failed, failure_text, setup
+        self._jobs: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="ringreduce-native-futures")
+        self._thread.start()
+
+    def put(self, item: _Pending) -> None:
+        self._jobs.put(item)
+
+    def close(self) -> None:
+        """Once the worker closed (every job issued, or flagged after a failure): complete
+        what is queued and end the thread."""
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        self._setup()  # CUDA: the done stream becomes this thread's current stream
+        pending: collections.deque[_Pending] = collections.deque()
+        closing = False
+        while pending or not closing:
+            if not pending and not self._take(pending, block=True):
+                return
+            closing = not self._take(pending, block=False) or closing
+            seq, fut, _, record = pending[0]
+            try:
+                n = self._follow(seq, pending[-1][0], record)
+            except (RingReduceError, RuntimeError) as exc:
+                pending.popleft()
+                error = exc if isinstance(exc, RingReduceError) else \
+                    RingReduceError(f"{self._failure_text(record)}: {exc}")
+                fut.set_exception(error)  # type: ignore[arg-type]  # torch's stub: "result: T"
+                continue
+            while pending and (pending[0][0] - seq) % _SEQS < n:
+                _, fut, t, _ = pending.popleft()
+                fut.set_result(t)
+
+    def _take(self, pending: collections.deque[_Pending], block: bool) -> bool:
+        """Move queued Futures to ``pending``: one, waiting for it (``block``), or every
+        one queued now. False once close() asked the thread to end."""
+        while True:
+            try:
+                item = self._jobs.get(block)
+            except queue.Empty:
+                return True
+            if item is None:
+                return False
+            pending.append(item)
+            if block:
+                return True
+
+    def _follow(self, seq: int, last: int, record: Record) -> int:
+        """The stream waits for job ``seq`` once it is issued and the caller is quiet,
+        and for every later job up to ``last`` issued by then; how many jobs from ``seq``
+        that covers. Raises if job ``seq`` failed, or was never issued before this
+        communicator failed."""
+        follow, stream = self.worker.follow, self.stream
+        n = follow(stream, seq, _DRAIN_POLL_S, last, _QUIET_S, _MAX_DELAY_S)
+        while n == 0 and not self._failed():
+            n = follow(stream, seq, _DRAIN_POLL_S, last, _QUIET_S, _MAX_DELAY_S)
+        if n == 0:  # the communicator failed: one last look, without waiting
+            n = follow(stream, seq, 0, last)
+        if n <= 0:
+            raise RingReduceError(self._failure_text(record))
+        return n
 
 
 class NativeIssuer:
@@ -210,12 +279,12 @@ class NativeIssuer:
             self.worker.enable_probes(probes)  # Config.issue_probes: a hang's diagnosis
         self.done = torch.cuda.Stream(res.device, priority=-1)
         self._done_handle = self.done.cuda_stream
-        self._completer: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._completer_thread: threading.Thread | None = None
-        if not inline:  # only queued jobs need someone to complete their Futures
-            self._completer_thread = threading.Thread(target=self._complete, daemon=True,
-                                                      name="ringreduce-native-futures")
-            self._completer_thread.start()
+        self._completer: Completer | None = None
+        """Completes the Futures of queued calls (native-async: Issuer.submit)."""
+        if not inline:
+            self._completer = Completer(self.worker, self._done_handle,
+                                        lambda: self.res.guard.failure is not None,
+                                        self.failure_text, self._current_done)
         self._index = res.device.index
         self._raw_stream = _raw_stream_lookup()
         self._programs: dict[tuple[Any, ...], Any] = {}
@@ -317,6 +386,7 @@ class NativeIssuer:
         if self.inline:
             self._complete_after(seq, fut, t)
         else:
+            assert self._completer is not None
             self._completer.put((seq, fut, t, record))
         return fut, ends
 
@@ -339,56 +409,12 @@ class NativeIssuer:
             if self.res.guard.failure is not None:
                 raise RingReduceError(str(self.res.guard.failure))
 
-    def _complete(self) -> None:
-        """The completer thread: completes each async call's Future once the worker has
-        issued it, on the done stream after a device wait for its done event, so ``wait()``
-        orders the caller's stream after the result. Futures of calls the worker failed
-        or never issued (a failure, close) get the RingReduceError.
-
-        Its GIL time is the caller's loss: each time this thread takes the GIL from a
-        caller making calls back to back, the caller waits (results
-        2026-11-25-h100-lean-call, run 61: 99 µs a call against 59 with completion
-        deferred). So it completes Futures while the caller is quiet: once a job is
-        issued, ``follow`` waits (without the GIL) until no call was submitted for
-        ``_QUIET_S`` or ``_MAX_DELAY_S`` passed, and then makes the done stream wait once
-        for every queued job issued by then, whose Futures it completes together. The
-        done stream is this thread's current stream for good (entering a stream context
-        cost 20 µs a Future there)."""
+    def _current_done(self) -> None:
+        """The completer thread's setup: the done stream is its current stream for good,
+        so each Future records its event after the wait (entering a stream context cost
+        20 µs a Future, results 2026-11-25-h100-lean-call)."""
         torch.cuda.set_device(self.res.device)
-        torch.cuda.set_stream(self.done)  # each Future records its event after the wait
-        jobs = self._completer  # its own reference: benchmarks may swap the attribute
-        pending: collections.deque[_Pending] = collections.deque()
-        closing = False
-        while pending or not closing:
-            if not pending and not _take(jobs, pending, block=True):
-                return
-            closing = not _take(jobs, pending, block=False) or closing
-            seq, fut, _, record = pending[0]
-            try:
-                n = self._follow(seq, pending[-1][0], record)
-            except (RingReduceError, RuntimeError) as exc:
-                pending.popleft()
-                fut.set_exception(exc if isinstance(exc, RingReduceError) else
-                                  RingReduceError(f"{self.failure_text(record)}: {exc}"))
-                continue
-            while pending and (pending[0][0] - seq) % _SEQS < n:
-                _, fut, t, _ = pending.popleft()
-                fut.set_result(t)
-
-    def _follow(self, seq: int, last: int, record: Record) -> int:
-        """The done stream waits for job ``seq`` once it is issued and the caller is
-        quiet, and for every later job up to ``last`` issued by then; how many jobs from
-        ``seq`` that covers. Raises if job ``seq`` failed, or was never issued before this
-        communicator failed."""
-        follow, stream = self.worker.follow, self._done_handle
-        n = follow(stream, seq, _DRAIN_POLL_S, last, _QUIET_S, _MAX_DELAY_S)
-        while n == 0 and self.res.guard.failure is None:
-            n = follow(stream, seq, _DRAIN_POLL_S, last, _QUIET_S, _MAX_DELAY_S)
-        if n == 0:  # the communicator failed: one last look, without waiting
-            n = follow(stream, seq, 0, last)
-        if n <= 0:
-            raise RingReduceError(self.failure_text(record))
-        return n
+        torch.cuda.set_stream(self.done)
 
     def failure_text(self, record: Record | None = None) -> str:
         """The issuer's first failure, naming its stage and peers, and ``record``'s
@@ -423,6 +449,5 @@ class NativeIssuer:
     def close(self) -> None:
         """Issue what is queued (after a failure: flags only), complete every Future."""
         self.worker.close()
-        if self._completer_thread is not None:
-            self._completer.put(None)
-            self._completer_thread.join()
+        if self._completer is not None:
+            self._completer.close()

@@ -954,15 +954,15 @@ void wait_quiet(State& s, double quiet_s, double max_delay_s) {
 
 // follow(stream, seq, timeout_s=-1, last=seq, quiet_s=0, max_delay_s=0) -> n, 0 or -1:
 // once job seq is issued (and, with quiet_s, once the caller stopped submitting for that
-// long or max_delay_s passed: wait_quiet), `stream` waits (on the device) for the done
-// event of the newest issued job up to `last`, so for every job from seq to it, and n
-// counts them (seq .. seq+n-1: jobs finish in issue order on the flag stream, so one
-// wait covers them all). A failed job ends the run before it. 0: seq not issued within
-// timeout_s; -1: job seq failed or was refused (error() says why), and nothing was
-// enqueued. All of it in one release of the GIL: it is the completer thread's whole work
-// but set_result, and each time that thread takes the GIL from a caller making calls
-// back to back, the caller waits (results 2026-11-25-h100-lean-call); quiet_s keeps it
-// off the GIL while the caller is making calls.
+// long or max_delay_s passed: wait_quiet), `stream` waits (on the device) for its done
+// event, as stream_wait does, and n counts the jobs seq .. seq+n-1 issued by then, up to
+// `last` and before any failed one: the caller may follow those with stream_wait without
+// waiting (one wait each, so each Future's event follows its own job, not a later one).
+// 0: seq not issued within timeout_s; -1: job seq failed or was refused (error() says
+// why), and nothing was enqueued. All of it in one release of the GIL: each time the
+// completer thread takes the GIL from a caller making calls back to back, the caller
+// waits (results 2026-11-25-h100-lean-call); quiet_s keeps it off the GIL while the
+// caller is making calls.
 PyObject* issuer_follow(Issuer* self, PyObject* args) {
     unsigned long long stream;
     unsigned long seq_arg, last_arg = 0;
@@ -997,7 +997,7 @@ PyObject* issuer_follow(Issuer* self, PyObject* args) {
     }
     if (out > 0 && s.has_cuda) {
         make_current(s);
-        r = s.cuda.streamWaitEvent(reinterpret_cast<CUstream>(stream), s.dones[upto % kEntryRing], 0);
+        r = s.cuda.streamWaitEvent(reinterpret_cast<CUstream>(stream), s.dones[seq % kEntryRing], 0);
     }
     Py_END_ALLOW_THREADS
     if (r) {
@@ -1217,7 +1217,7 @@ PyMethodDef issuer_methods[] = {
      "stream_wait(stream, seq): the stream waits for an issued job's done event"},
     {"follow", reinterpret_cast<PyCFunction>(issuer_follow), METH_VARARGS,
      "follow(stream, seq, timeout_s=-1, last=seq, quiet_s=0, max_delay_s=0) -> n: the stream "
-     "waits for jobs seq..seq+n-1 (issued, up to last); 0: not issued in time; -1: seq failed"},
+     "waits for job seq; jobs seq..seq+n-1 are issued (up to last); 0: not yet; -1: seq failed"},
     {"state", reinterpret_cast<PyCFunction>(issuer_state), METH_O,
      "state(seq): 1 finished, 0 pending, -1 failed"},
     {"error", reinterpret_cast<PyCFunction>(issuer_error), METH_NOARGS,

@@ -31,10 +31,11 @@ NCCL_NET_LAT_US = 14.0
 MEASURED_HOST_CALL_US = 280.0
 MEASURED_HOST_SLICE_US = 48.0
 
-#: Host cost per peer per slice: collect and diffuse each post one send and one receive
-#: per peer (4 NCCL calls). An assumption (~1.5 us per ncclSend/ncclRecv call, not
+#: Host cost per peer per slice: collect posts one send and one receive per peer (2 NCCL
+#: calls); diffuse is one all-gather whatever the machine count (Config.diffuse_gather),
+#: inside the per-slice cost. An assumption (~1.5 us per ncclSend/ncclRecv call, not
 #: measured here); it only matters at large machine counts.
-HOST_PEER_US = 6.0
+HOST_PEER_US = 3.0
 
 #: NCCL's per-message network post overhead for the Simple protocol: getNetOverhead()
 #: (1 us on x86) times 3 (src/graph/tuning.cc). Charged per peer in collect/diffuse.

@@ -57,7 +57,9 @@ def stage_cost(stage: str, numel: int, c: Cluster, o: Options) -> tuple[float, f
     if stage == "add":  # read the own row and M-1 received rows, write one
         return 0.0, size * (m + 1) / (d * m) / gbps_to_bytes_per_us(c.mem_gbps)
     # collect / diffuse: (M-1) rows of size/(D*M) to and from every peer on the rail,
-    # which gets 1/D of the machine's network
+    # which gets 1/D of the machine's network. Diffuse is one NCCL all-gather now; its
+    # latency is modelled as collect's direct exchange (NCCL's ring would pay M-1 hops,
+    # its PAT algorithm log M): an assumption that matters only at large M.
     moved = size * (m - 1) / m * o.wire_factor
     return (c.net_lat_us,
             (m - 1) * c.peer_us + moved / gbps_to_bytes_per_us(c.net_gbps))
@@ -119,7 +121,7 @@ def _run(p: _Plan, c: Cluster, o: Options) -> list[float]:
     """End time of every task. Tasks take their link in the order they become ready
     (non-preemptive), so stages of different slices that share a link share it in
     time, whatever order the host issued them in."""
-    per_slice = c.host_slice_us + 4 * (c.machines - 1) * c.host_peer_us
+    per_slice = c.host_slice_us + (c.machines - 1) * c.host_peer_us
     starts, host = [], 0.0
     for n in p.slices:  # the host issues calls one after another
         starts.append(host)

@@ -234,10 +234,12 @@ class Config:
     communicator (a rail's ranks are its machines, in order, and view[d] is their
     rows) instead of a send and a receive per other machine
     (``RINGREDUCE_DIFFUSE_GATHER``; 0: the sends and receives). The same bytes to the
-    same peers; fewer NCCL operations, and a call's host time goes by its NCCL
-    operations (pair_comms above). With a wire format the rows travel through the
-    staging slot, which has no row of this machine's own, so diffuse sends and
-    receives."""
+    same peers in one NCCL operation instead of 2(M-1): measured (H100 under MPS, same
+    processes, benchmarks/results/2026-11-25-h100-quiet-completer run 69), 6-19% less
+    host time in NCCL's group calls at 4 x 2, no difference at 2 x 2 (one collective
+    costs about what a send and a receive cost), DDP unchanged. With a wire format the
+    rows travel through the staging slot, which has no row of this machine's own, so
+    diffuse sends and receives."""
 
     issue_probes: int = 0
     """CUDA, native issuers: a hang's diagnosis (``RINGREDUCE_ISSUE_PROBES``): record an

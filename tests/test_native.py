@@ -519,11 +519,11 @@ def test_follow_waits_for_the_callers_quiet_but_no_longer_than_the_delay() -> No
     completer stays off the GIL while the caller makes calls)."""
     issuer = _native.Issuer()
     nop = _native.Program(_instr("nop", 0), b"", 0)
+    submitted = time.perf_counter()
     first = issuer.submit(nop, 0, 0)
     assert issuer.wait_issued(first, 10.0)
-    started = time.perf_counter()
     assert issuer.follow(0, first, 10.0, first, 0.2, 5.0) == 1  # quiet 0.2 s after submit
-    assert 0.1 <= time.perf_counter() - started < 4.0
+    assert 0.19 <= time.perf_counter() - submitted < 4.0
 
     stop = threading.Event()
     other = _native.Issuer()  # another Communicator's
@@ -544,7 +544,7 @@ def test_follow_waits_for_the_callers_quiet_but_no_longer_than_the_delay() -> No
     finally:
         stop.set()
         caller.join()
-    assert 0.25 <= waited < 0.5, waited  # the delay, not the quiet the caller never left
+    assert 0.29 <= waited < 1.5, waited  # the delay, not the quiet the caller never left
     assert n >= 2  # jobs submitted while it waited, and issued, are covered too
     issuer.close()
     other.close()

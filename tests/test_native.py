@@ -570,7 +570,7 @@ def test_the_completer_completes_each_future_with_its_tensor_once_issued() -> No
     issued; a failed job's Future and every later one get the RingReduceError naming
     the operation, earlier ones their results; close() completes whatever is left."""
     issuer = _native.Issuer()
-    slow = _native.Program(_instr("nop", 300_000), b"", 0)  # 300 ms a job
+    slow = _native.Program(_instr("nop", 1_000_000), b"", 0)  # 1 s a job
     fast = _native.Program(_instr("nop", 0), b"", 0)
     bad = _native.Program(_instr("fail", stage=1), b"", 0)
     completer = _completer(issuer)

@@ -648,19 +648,22 @@ void release_finished(State& s) {  // GIL held
 // the caller's state() or error()) waited for mu: both stopped, and with them the worker
 // (it takes mu between jobs), so the peers' NCCL kernels waited for this rank's. That
 // was native-async's "device hang" (benchmarks/results/2026-11-25-h200-worker-hang).
+// The wait itself, for a caller that released the GIL already (follow).
+template <typename Pred>
+bool wait_released(std::mutex& mu, std::condition_variable& cv, double timeout_s, Pred pred) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (timeout_s < 0) {
+        cv.wait(lock, pred);
+        return true;
+    }
+    return cv.wait_for(lock, std::chrono::duration<double>(timeout_s), pred);
+}
+
 template <typename Pred>
 bool wait_for(std::mutex& mu, std::condition_variable& cv, double timeout_s, Pred pred) {
     bool ok;
     Py_BEGIN_ALLOW_THREADS
-    {
-        std::unique_lock<std::mutex> lock(mu);
-        if (timeout_s < 0) {
-            cv.wait(lock, pred);
-            ok = true;
-        } else {
-            ok = cv.wait_for(lock, std::chrono::duration<double>(timeout_s), pred);
-        }
-    }
+    ok = wait_released(mu, cv, timeout_s, pred);  // its lock is gone before the GIL returns
     Py_END_ALLOW_THREADS
     return ok;
 }
@@ -979,13 +982,7 @@ PyObject* issuer_follow(Issuer* self, PyObject* args) {
     uint32_t upto = seq;
     CUresult r = 0;
     Py_BEGIN_ALLOW_THREADS
-    {  // mu is released before the GIL is taken back (wait_for says why)
-        std::unique_lock<std::mutex> lock(s.mu);
-        bool ok = true;
-        if (timeout_s < 0) s.idle_cv.wait(lock, issued);
-        else ok = s.idle_cv.wait_for(lock, std::chrono::duration<double>(timeout_s), issued);
-        out = ok ? 1 : 0;
-    }
+    out = wait_released(s.mu, s.idle_cv, timeout_s, issued) ? 1 : 0;
     if (out && quiet_s > 0) wait_quiet(s, quiet_s, max_delay_s);
     if (out) {
         std::lock_guard<std::mutex> lock(s.mu);

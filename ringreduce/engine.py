@@ -48,7 +48,7 @@ class Communicator:
                  min_bytes: int | None = None, wire_dtype: torch.dtype | None = None,
                  graphs: int | None = None) -> None:
         if not dist.is_initialized():
-            raise ValueError("ringreduce.Communicator needs torch.distributed: call "
+            raise RuntimeError("ringreduce.Communicator needs torch.distributed: call "
                                "dist.init_process_group(...) first")
         wire = None if wire_dtype is None else _WIRE_NAMES.get(wire_dtype)
         if wire_dtype is not None and wire is None:

@@ -29,6 +29,7 @@ import pstats
 import resource
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -86,12 +87,12 @@ def idle_host_us(call: Callable[[], object], samples: int,
 
 
 def stream_cost(call: Callable[[], object], calls: int,
-                device: torch.device) -> tuple[float, float, float, float]:
-    """(host us per call, CPU ms per call, busy cores, wall ms per call) over
-    back-to-back calls."""
+                device: torch.device) -> tuple[float, float, float, float, dict[str, float]]:
+    """(host us per call, CPU ms per call, busy cores, wall ms per call, CPU ms per call
+    by thread kind: thread_kinds) over back-to-back calls."""
     settle(device)
     dist.barrier()
-    cpu, wall = _cpu_s(), time.perf_counter()
+    threads, cpu, wall = thread_cpu_s(), _cpu_s(), time.perf_counter()
     host = 0.0
     for _ in range(calls):
         start = time.perf_counter()
@@ -99,7 +100,52 @@ def stream_cost(call: Callable[[], object], calls: int,
         host += time.perf_counter() - start
     settle(device)
     cpu, wall = _cpu_s() - cpu, time.perf_counter() - wall
-    return host / calls * 1e6, cpu / calls * 1e3, cpu / wall, wall / calls * 1e3
+    by_kind: dict[str, float] = {}
+    for tid, (name, seconds) in thread_cpu_s().items():
+        kind = thread_kind(tid, name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + (seconds - threads.get(tid, (name, 0.0))[1])
+    return (host / calls * 1e6, cpu / calls * 1e3, cpu / wall, wall / calls * 1e3,
+            {k: v / calls * 1e3 for k, v in by_kind.items()})
+
+
+def thread_cpu_s() -> dict[int, tuple[str, float]]:
+    """Every thread of this process: tid -> (its name, CPU seconds so far), from
+    /proc/self/task: schedstat's run time in ns where the kernel keeps it, else stat's
+    user + system ticks."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc/self/task"):
+        task = f"/proc/self/task/{entry}"
+        try:
+            with open(f"{task}/comm") as f:
+                name = f.read().strip()
+            try:
+                with open(f"{task}/schedstat") as f:
+                    seconds = int(f.read().split()[0]) / 1e9
+            except (OSError, ValueError, IndexError):
+                with open(f"{task}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                seconds = (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            continue  # the thread ended meanwhile
+        out[int(entry)] = (name, seconds)
+    return out
+
+
+def thread_kind(tid: int, name: str) -> str:
+    """A thread's role: the caller, ringreduce's own (Python threads by their
+    threading name, the native worker by its OS name "rr-issuer"), NCCL's (by the
+    names NCCL_SET_THREAD_NAME=1 gives them), or "other"."""
+    python = {t.native_id: t.name for t in threading.enumerate()}
+    if tid == threading.main_thread().native_id:
+        return "caller"
+    if name == "rr-issuer" or python.get(tid, "").startswith("ringreduce-"):
+        return name if name == "rr-issuer" else python[tid].removeprefix("ringreduce-")
+    for prefix, kind in (("NCCL Progress", "nccl progress"), ("NCCL Sock", "nccl socket"),
+                         ("NCCL Service", "nccl service")):
+        if name.startswith(prefix):
+            return kind
+    return "other"
 
 
 DEFAULT_WAYS = ("native", "native/sep", "native/stage", "python", "python/sep", "python/stage")
@@ -160,11 +206,11 @@ def check_exact(comms: dict[str, ringreduce.Communicator], base: torch.Tensor,
 
 
 def measure(ways: dict[str, Callable[[], object]], calls: int, device: torch.device,
-            say: Say) -> dict[str, tuple[float, ...]]:
+            say: Say) -> dict[str, tuple[Any, ...]]:
     """Warm every way (its first call goes through Python, the second traces its
     program, a few more settle caches and clocks), then per way:
     (host idle us, caller's own CPU us in it, stream host us, CPU ms per call, busy
-    cores, wall ms per call)."""
+    cores, wall ms per call, CPU ms per call by thread kind)."""
     for name, call in ways.items():
         for _ in range(5):
             call()
@@ -209,7 +255,7 @@ def native_breakdown(comm: ringreduce.Communicator, call: Callable[[], object], 
     return {op: (n / calls, ns / calls / 1e3) for op, (n, ns) in worker.op_times(True).items()}
 
 
-def report(rows: dict[str, tuple[float, ...]], profiles: dict[str, cProfile.Profile],
+def report(rows: dict[str, tuple[Any, ...]], profiles: dict[str, cProfile.Profile],
            size: int, calls: int, device: torch.device,
            breakdowns: dict[str, dict[str, tuple[float, float]]]) -> None:
     for way, breakdown in breakdowns.items():
@@ -229,10 +275,17 @@ def report(rows: dict[str, tuple[float, ...]], profiles: dict[str, cProfile.Prof
           f"wall per call; speed = NCCL's wall / this way's, same mode)")
     print(f"{'way':<20} {'host_idle_us':>13} {'own_cpu_us':>11} {'stream_host_us':>15} "
           f"{'cpu_ms_call':>12} {'busy_cores':>11} {'wall_ms_call':>13} {'speed':>6}")
-    for name, (idle, own, host, cpu, cores, wall) in rows.items():
+    for name, (idle, own, host, cpu, cores, wall, _) in rows.items():
         speed = rows[f"nccl {name.rsplit(' ', 1)[1]}"][5] / wall
         print(f"{name:<20} {idle:>13.1f} {own:>11.1f} {host:>15.1f} {cpu:>12.2f} "
               f"{cores:>11.2f} {wall:>13.2f} {speed:>6.2f}")
+    print("# where the back-to-back CPU goes: ms per call by thread kind (cores = ms per "
+          "call / wall ms per call; NCCL's threads named with NCCL_SET_THREAD_NAME=1)")
+    for name, row in rows.items():
+        wall, kinds = row[5], row[6]
+        parts = [f"{k} {v:.2f} ({v / wall:.2f})"
+                 for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v >= 0.005]
+        print(f"#   {name:<20} " + ", ".join(parts))
 
 
 def rank_body(launch: Launch, device: torch.device, size: int, calls: int,

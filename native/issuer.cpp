@@ -25,6 +25,7 @@
 #include <Python.h>
 
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -604,6 +605,9 @@ void run_job(State& s, const Job& job) {
 }
 
 void worker_main(State* s) {
+    // Named, so per-thread CPU accounting (benchmarks/native_host.py, top -H) tells the
+    // issuer apart from the Python threads and NCCL's proxies (NCCL_SET_THREAD_NAME=1).
+    pthread_setname_np(pthread_self(), "rr-issuer");
     if (s->has_cuda) s->cuda.ctxSetCurrent(s->ctx);
     std::unique_lock<std::mutex> lock(s->mu);
     for (;;) {

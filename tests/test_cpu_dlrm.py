@@ -46,7 +46,7 @@ def check_runs(runs: list[dict[str, Any]], steps: int) -> None:
     """Every mode: ``steps`` finite losses, a falling curve, within LOSS_TOL of nccl;
     hook and backend: the engine, on 2 x 2, ran at least one call a step."""
     for r in runs:
-        if r["mode"] != "nccl":
+        if not r["mode"].startswith("nccl"):
             assert r["engine_calls"] >= steps and "2 machines x 2 devices" in r["engine"], r
     curves = {r["mode"]: r["losses"] for r in runs}
     for mode, losses in curves.items():
@@ -83,6 +83,27 @@ def _transformer_worker(rank: int, world: int, modes: tuple[str, ...]) -> None:
 def test_transformer_hook_matches_plain_gloo() -> None:
     """The transformer workload: the hook, called many times a step, trains as DDP."""
     run_test_ranks(_transformer_worker, 4, ("nccl", "hook"))
+
+
+def _hook_clock_worker(rank: int, world: int) -> None:
+    opts = Options(modes=("nccl", "nccl-hook", "hook"), model="transformer",
+                   transformer=TINY_TRANSFORMER, batch=4, steps=6, warmup=2, machines=2,
+                   min_bytes=0, bucket_mb=0.002)
+    runs = {r.mode: r for r in run_modes(opts, torch.device("cpu"))}
+    check_runs([dataclasses.asdict(r) for r in runs.values()], opts.steps)
+    assert runs["nccl"].hook_us == (), "plain DDP has no Python hook to time"
+    hook, plain_hook = runs["hook"], runs["nccl-hook"]
+    # Every hook call of the timed steps, and only those: the engine's count of them
+    # (DDP buckets the same gradients the same way under either hook).
+    assert len(hook.hook_us) == hook.timed_engine_calls, (len(hook.hook_us), hook)
+    assert len(plain_hook.hook_us) == len(hook.hook_us), (plain_hook.hook_us, hook.hook_us)
+    assert all(0 < t < 10e6 for t in hook.hook_us + plain_hook.hook_us)
+
+
+def test_hook_modes_time_every_hook_call_of_the_timed_steps() -> None:
+    """``nccl-hook`` (torch's allreduce_hook) trains as plain DDP does, and both hook
+    modes time exactly the hook calls of the timed steps."""
+    run_test_ranks(_hook_clock_worker, 4)
 
 
 def test_dlrm_command_line_runs() -> None:
@@ -125,7 +146,8 @@ def test_transformer_command_line_runs() -> None:
     check_runs(report["runs"], 8)
     header, *rows = (line.split() for line in done.stdout.splitlines()
                      if line.startswith(("mode ", "nccl ", "hook ")))
-    assert header[-1] == "calls/step", done.stdout
+    assert header[-4:] == ["calls/step", "hook", "us", "med/mean"], done.stdout
     hook = report["runs"][1]
     per_step = hook["timed_engine_calls"] / hook["timed_steps"]
-    assert [row[-1] for row in rows] == ["-", f"{per_step:.4g}"], done.stdout
+    assert [row[-2] for row in rows] == ["-", f"{per_step:.4g}"], done.stdout
+    assert rows[0][-1] == "-" and len(hook["hook_us"]) == hook["timed_engine_calls"], done.stdout

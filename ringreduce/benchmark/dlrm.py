@@ -19,6 +19,10 @@ Modes (``--modes``, run one after another in one process lifetime):
   nccl     plain DDP on the process group's own backend (NCCL; gloo with --device cpu)
   hook     DDP + ``register_comm_hook(ringreduce.Communicator(...), ringreduce.ddp_hook)``
   backend  DDP on a process group of the "ringreduce" backend, no hook
+  nccl-hook  (not run unless asked for) DDP + torch's own ``allreduce_hook`` on NCCL: a
+           Python comm hook as ringreduce's is, the baseline for the hook's host time
+In the hook modes every hook call of the timed steps is timed on the host: the
+autograd thread's time inside the hook until it returns its Future (``hook_us``).
 A process initialises its default group once, so when ``backend`` is asked for, the
 default group is created as "cpu:gloo,cuda:ringreduce" ("cpu:ringreduce" on CPU) and
 the nccl and hook modes run on ``dist.new_group(backend="nccl")`` (gloo on CPU);
@@ -44,10 +48,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
@@ -58,6 +64,9 @@ from .transformer_model import TransformerSpec
 from .workloads import DEFAULT_BATCH, DEFAULT_LR, MODELS, Workload, workload
 
 MODES = ("nccl", "hook", "backend")
+"""The modes run by default."""
+EXTRA_MODES = ("nccl-hook",)
+"""Accepted, run only when asked for."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +131,7 @@ class ModeRun:
     engine_calls: int  # collectives the ringreduce engine ran (0 in nccl mode)
     timed_engine_calls: int  # of those, in the timed steps
     engine: str  # the engine's configuration ("" in nccl mode)
+    hook_us: tuple[float, ...] = ()  # host time of each hook call in the timed steps
 
 
 def synchronized(device: torch.device, group: dist.ProcessGroup) -> float:
@@ -143,8 +153,11 @@ def train_mode(mode: str, opts: Options, work: Workload, batches: list[Any], gro
               process_group=groups.ringreduce if mode == "backend" else groups.plain)
     comm = engine(mode, opts, groups, device)
     calls_before = calls_timed = comm.op_number if comm else 0
+    clock = HookClock()
     if mode == "hook":
-        ddp.register_comm_hook(comm, ringreduce.ddp_hook)
+        ddp.register_comm_hook(comm, clock.wrap(ringreduce.ddp_hook))
+    elif mode == "nccl-hook":
+        ddp.register_comm_hook(groups.plain, clock.wrap(default_hooks.allreduce_hook))
     sgd = torch.optim.SGD(ddp.parameters(), lr=opts.lr)
     losses = torch.zeros(len(batches), device=device)
     start = 0.0
@@ -153,6 +166,7 @@ def train_mode(mode: str, opts: Options, work: Workload, batches: list[Any], gro
             if step == opts.warmup:
                 start = synchronized(device, groups.plain)
                 calls_timed = comm.op_number if comm else 0
+                clock.on = True
             sgd.zero_grad()
             loss = work.loss(ddp, batch)
             loss.backward()
@@ -170,7 +184,29 @@ def train_mode(mode: str, opts: Options, work: Workload, batches: list[Any], gro
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=groups.plain)
     timed, sec = opts.steps - opts.warmup, float(seconds.item())
     return ModeRun(mode, (losses / world).tolist(), timed, sec,
-                   timed * opts.batch * world / sec, calls, timed_calls, described)
+                   timed * opts.batch * world / sec, calls, timed_calls, described,
+                   tuple(clock.times_us))
+
+
+class HookClock:
+    """Times a DDP comm hook's calls on the host (what the autograd thread pays per
+    bucket) once ``on``."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.times_us: list[float] = []
+
+    def wrap(self, hook: Callable[[Any, dist.GradBucket], Any]) -> Callable[..., Any]:
+        # Unannotated on purpose: DDP compares a hook's annotations with the evaluated
+        # types, and this module's annotations are strings (hook.py says more).
+        def timed(state, bucket):  # type: ignore[no-untyped-def]
+            start = time.perf_counter()
+            fut = hook(state, bucket)
+            if self.on:
+                self.times_us.append((time.perf_counter() - start) * 1e6)
+            return fut
+
+        return timed
 
 
 def engine(mode: str, opts: Options, groups: Groups,

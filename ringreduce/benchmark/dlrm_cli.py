@@ -12,6 +12,7 @@ import datetime
 import functools
 import json
 import os
+import statistics
 import sys
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import dlrm
-from .dlrm import MODES, ModeRun, Options, run_modes
+from .dlrm import EXTRA_MODES, MODES, ModeRun, Options, run_modes
 from .dlrm_model import Spec
 from .launch import Launch, detect, nccl_variables, run_ranks
 from .transformer_model import TransformerSpec
@@ -40,19 +41,22 @@ def rank_main(args: argparse.Namespace, opts: Options, launch: Launch,
 
 
 def table(runs: list[ModeRun]) -> str:
-    """mode, steps, samples/s, ratio and max |loss diff| against nccl, final loss, and the
-    engine's calls per timed step (DDP's bucket count; "-" in nccl mode, which has no
-    engine)."""
+    """mode, steps, samples/s, ratio and max |loss diff| against nccl, final loss, the
+    engine's calls per timed step (DDP's bucket count; "-" without an engine) and, in
+    the hook modes, this rank's host time per hook call (median and mean, µs)."""
     ref = next((r for r in runs if r.mode == "nccl"), None)
-    lines = [f"{'mode':<8} {'steps':>5} {'samples/s':>11} {'vs nccl':>7} {'final loss':>10} "
-             f"{'max|dloss| vs nccl':>18} {'calls/step':>10}"]
+    lines = [f"{'mode':<9} {'steps':>5} {'samples/s':>11} {'vs nccl':>7} {'final loss':>10} "
+             f"{'max|dloss| vs nccl':>18} {'calls/step':>10} {'hook us med/mean':>16}"]
     for r in runs:
         ratio = f"{r.samples_per_s / ref.samples_per_s:.2f}" if ref else "n/a"
         diff = f"{max(abs(a - b) for a, b in zip(r.losses, ref.losses, strict=True)):.3g}" \
             if ref else "n/a"
-        calls = "-" if r.mode == "nccl" else f"{r.timed_engine_calls / r.timed_steps:.4g}"
-        lines.append(f"{r.mode:<8} {r.timed_steps:>5} {r.samples_per_s:>11.1f} {ratio:>7} "
-                     f"{r.losses[-1]:>10.6f} {diff:>18} {calls:>10}")
+        calls = "-" if r.mode.startswith("nccl") else \
+            f"{r.timed_engine_calls / r.timed_steps:.4g}"
+        hook = (f"{statistics.median(r.hook_us):.1f}/{statistics.fmean(r.hook_us):.1f}"
+                if r.hook_us else "-")
+        lines.append(f"{r.mode:<9} {r.timed_steps:>5} {r.samples_per_s:>11.1f} {ratio:>7} "
+                     f"{r.losses[-1]:>10.6f} {diff:>18} {calls:>10} {hook:>16}")
     return "\n".join(lines)
 
 
@@ -105,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=dlrm.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add, d = p.add_argument, Options()
-    add("--modes", "--mode", default=",".join(d.modes), help="comma list of nccl, hook, backend")
+    add("--modes", "--mode", default=",".join(d.modes),
+        help="comma list of nccl, hook, backend, nccl-hook")
     add("--device", choices=("cuda", "cpu"), help="default: cuda when there")
     add("--model", choices=MODELS, default=d.model, help="the workload (see above)")
     add_model_arguments(p, d)
@@ -142,10 +147,10 @@ def add_model_arguments(p: argparse.ArgumentParser, d: Options) -> None:
 
 def options(args: argparse.Namespace, cuda: bool) -> Options:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    bad = [m for m in modes if m not in MODES] + (["(none)"] if not modes else [])
+    bad = [m for m in modes if m not in MODES + EXTRA_MODES] + (["(none)"] if not modes else [])
     if bad:
         raise SystemExit(f"--modes {args.modes!r}: unknown {bad}; use a comma list of "
-                         f"{', '.join(MODES)}")
+                         f"{', '.join(MODES + EXTRA_MODES)}")
     if not 0 <= args.warmup < args.steps:
         raise SystemExit(f"--warmup {args.warmup} --steps {args.steps}: need 0 <= warmup < "
                          "steps (the steps after warm-up are timed)")

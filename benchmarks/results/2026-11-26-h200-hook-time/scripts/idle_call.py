@@ -14,7 +14,10 @@ work finished (drain, synchronize, barrier), interleaved way by way:
     first submission after idle what costs?);
   * ringreduce's call split at Issuer.submit: before it, inside it, after it;
   * back to back (32 calls), NCCL and ringreduce, the completer's quiet at 200 µs (the
-    default) and at 1 ms, for the same machine's reference.
+    default) and at 1 ms, for the same machine's reference;
+  * (added after run 73) ringreduce's async call with the worker woken as the job is
+    queued (``woken at submit``, native._HOLD_WAKE off) against the default, where it is
+    woken as the call returns (submit_held, kick), idle and back to back.
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ class TimedWorker:
         self.last = (start, time.perf_counter())
         return seq
 
+    def submit_held(self, *args):
+        start = time.perf_counter()
+        seq = self.worker.submit_held(*args)
+        self.last = (start, time.perf_counter())
+        return seq
+
     def __getattr__(self, name):
         return getattr(self.worker, name)
 
@@ -87,11 +96,19 @@ def body(launch, device, size, samples, calls):
         finally:
             native._completer = completer
 
+    def rr_woken():
+        native_mod._HOLD_WAKE = False
+        try:
+            return rr()
+        finally:
+            native_mod._HOLD_WAKE = True
+
     ways = {
         "event record": event.record,
         "kernel launch": lambda: small.add_(1),
         "nccl async": lambda: dist.all_reduce(next(ring), async_op=True),
         "rr async": rr,
+        "rr async, woken at submit": rr_woken,
         "rr async, no completion": rr_no_completer,
     }
     primed = {f"{k}, after an event": v for k, v in ways.items() if "async" in k}
@@ -122,7 +139,8 @@ def body(launch, device, size, samples, calls):
     native_host.settle(device)
 
     back = {"nccl async b2b": lambda: dist.all_reduce(next(ring), async_op=True),
-            "rr async b2b": rr, "rr async b2b, quiet 1 ms": rr}
+            "rr async b2b": rr, "rr async b2b, woken at submit": rr_woken,
+            "rr async b2b, quiet 1 ms": rr}
     b2b = {k: [] for k in back}
     for _ in range(5):
         for name, call in back.items():

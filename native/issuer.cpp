@@ -83,7 +83,6 @@ struct Nccl {
 
 constexpr unsigned kEventDisableTiming = 0x2;      // CU_EVENT_DISABLE_TIMING
 constexpr unsigned kHostAllocFlags = 0x1 | 0x2;    // PORTABLE | DEVICEMAP
-constexpr auto kWakeFallback = std::chrono::milliseconds(10);  // see submit_held
 constexpr int kEntryRing = 256;                    // entry and done events per issuer
 constexpr int kMaxKernelArgs = 16;
 constexpr CUresult kNotReady = 600;                // CUDA_ERROR_NOT_READY
@@ -612,8 +611,7 @@ void worker_main(State* s) {
     if (s->has_cuda) s->cuda.ctxSetCurrent(s->ctx);
     std::unique_lock<std::mutex> lock(s->mu);
     for (;;) {
-        // Timed: a job submit_held queued is issued even if its caller never kicks.
-        while (!s->closing && s->queue.empty()) s->cv.wait_for(lock, kWakeFallback);
+        s->cv.wait(lock, [&] { return s->closing || !s->queue.empty(); });
         if (s->queue.empty()) return;  // closing, and everything was issued
         Job job = s->queue.front();
         lock.unlock();
@@ -807,11 +805,7 @@ CUresult record_entry(State& s, uint32_t seq, unsigned long long entry_stream, C
 
 // submit(program, base, entry_stream, after=0) -> seq. Records the job's entry event on
 // entry_stream (0 is the legacy default stream, a real one) and queues the job.
-// submit_held: the same, without waking an idle worker: the caller kick()s it once its
-// own call is done. A worker woken at once starts issuing (NCCL, CUDA) while the caller
-// still builds its Future, and the two then contend for the host (results
-// 2026-11-26-h200-hook-time). A held job is found within kWakeFallback anyway.
-PyObject* submit_job(Issuer* self, PyObject* args, bool wake) {
+PyObject* issuer_submit(Issuer* self, PyObject* args) {
     PyObject* program;
     unsigned long long base, entry_stream;
     uint32_t after;
@@ -846,20 +840,8 @@ PyObject* submit_job(Issuer* self, PyObject* args, bool wake) {
         s.submitted = seq;
     }
     submitted_ns().store(now_ns(), std::memory_order_relaxed);
-    if (wake) s.cv.notify_one();
+    s.cv.notify_one();
     return PyLong_FromUnsignedLong(seq);
-}
-
-PyObject* issuer_submit(Issuer* self, PyObject* args) { return submit_job(self, args, true); }
-
-PyObject* issuer_submit_held(Issuer* self, PyObject* args) {
-    return submit_job(self, args, false);
-}
-
-// kick(): wake the worker for jobs submit_held queued.
-PyObject* issuer_kick(Issuer* self, PyObject*) {
-    self->s->cv.notify_one();
-    Py_RETURN_NONE;
 }
 
 // run(program, base, entry_stream) -> seq: the job issued here, on the calling thread,
@@ -1228,10 +1210,6 @@ PyObject* issuer_op_times(Issuer* self, PyObject* args) {
 PyMethodDef issuer_methods[] = {
     {"submit", reinterpret_cast<PyCFunction>(issuer_submit), METH_VARARGS,
      "submit(program, base, entry_stream, after=0) -> seq (after: a job it follows)"},
-    {"submit_held", reinterpret_cast<PyCFunction>(issuer_submit_held), METH_VARARGS,
-     "submit_held(program, base, entry_stream, after=0) -> seq, the worker not woken: kick()"},
-    {"kick", reinterpret_cast<PyCFunction>(issuer_kick), METH_NOARGS,
-     "kick(): wake the worker for the jobs submit_held queued"},
     {"run", reinterpret_cast<PyCFunction>(issuer_run), METH_VARARGS,
      "run(program, base, entry_stream, after=0) -> seq: issue the job on this thread, now"},
     {"wait_issued", reinterpret_cast<PyCFunction>(issuer_wait_issued), METH_VARARGS,

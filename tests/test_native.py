@@ -476,26 +476,6 @@ def test_wait_issued_returns_once_the_worker_issued_that_job() -> None:
 
 
 @built
-def test_a_held_job_is_issued_once_kicked_and_never_left_behind() -> None:
-    """submit_held queues without waking the worker (an asynchronous call wakes it as it
-    returns, with kick); a job whose caller never kicks is still issued, by the worker's
-    timed wait, so nothing can be stranded by an exception between the two."""
-    issuer = _native.Issuer()
-    job = _native.Program(_instr("nop", 100), b"", 0)
-    assert issuer.drain(5.0)  # the worker is idle, waiting
-    first = issuer.submit_held(job, 0, 0)
-    issuer.kick()
-    assert issuer.wait_issued(first, 5.0) and issuer.state(first) == 1
-    second = issuer.submit_held(job, 0, 0, first)  # never kicked (after: first)
-    started = time.perf_counter()
-    assert issuer.wait_issued(second, 5.0), "a held job was left in the queue"
-    assert time.perf_counter() - started < 1.0
-    assert issuer.submit(job, 0, 0) == second + 1  # one sequence with submit's jobs
-    assert issuer.drain(5.0) and issuer.error() is None
-    issuer.close()
-
-
-@built
 def test_follow_waits_for_the_issue_and_refuses_failed_jobs() -> None:
     """The completer's one call per Future: 0 while the job is not issued (after its
     timeout), 1 once it is (the stream would now wait for its done event), -1 for the

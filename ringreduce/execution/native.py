@@ -78,10 +78,6 @@ making calls back to back submits every 40-80 µs at 2 x 2, results
 2026-11-25-h100-quiet-completer), so it takes the GIL while the caller does not need it."""
 _MAX_DELAY_S = 5e-3
 """... or, while calls keep coming, this long after a job was issued."""
-_HOLD_WAKE = True
-"""An asynchronous call wakes the worker as it returns (Issuer.submit_held, then kick),
-not as it queues the job: a worker woken at once issues while the caller still builds
-its Future, and the caller pays (results 2026-11-26-h200-hook-time)."""
 _SEQS = 1 << 32
 """Job numbers are the extension's uint32 and wrap around."""
 _STOP_WAIT_S = 2.0
@@ -387,44 +383,28 @@ class NativeIssuer:
             raise RingReduceError(self.failure_text(record))
         record.route = self.route
         caller = self._raw_stream(self._index)
-        if not self.inline and async_op:
-            return self._queue(t, program, caller, after, record)
         if self.inline:  # issued before run() returns: the caller's thread is the issuer
             seq = self.worker.run(program, t.data_ptr(), caller, after)
         else:
             seq = self.worker.submit(program, t.data_ptr(), caller, after)
-            self.wait_issued(seq)  # the host waits for the issue, never for the device
-        self._raise_if_refused(seq, record)  # issued by now: a refusal raises from here
-        if not async_op:
-            self.worker.stream_wait(caller, seq)
-            return None, self._ends(seq)
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
-        t.record_stream(self.done)  # the done stream is the tensor's last user here
-        self._complete_after(seq, fut, t)
-        return fut, self._ends(seq)
-
-    def _queue(self, t: torch.Tensor, program: Any, caller: int, after: int,
-               record: Record) -> tuple[Any, list[tuple[str, Any]]]:
-        """native-async, ``async_op``: queue the job and hand its Future to the completer,
-        which completes it once the job is issued. With _HOLD_WAKE the worker is woken
-        only as this returns (kick, even if something here raised)."""
-        hold = _HOLD_WAKE
-        submit = self.worker.submit_held if hold else self.worker.submit
-        seq = submit(program, t.data_ptr(), caller, after)
-        try:
-            fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
-            t.record_stream(self.done)  # the done stream is the tensor's last user here
-            assert self._completer is not None
-            self._completer.put((seq, fut, t, record))
-        finally:
-            if hold:
-                self.worker.kick()
-        return fut, self._ends(seq)
-
-    def _ends(self, seq: int) -> list[tuple[str, Any]]:
+            if not async_op:
+                self.wait_issued(seq)  # the host waits for the issue, never for the device
+        if self.inline or not async_op:  # issued by now: a refusal raises from this call
+            self._raise_if_refused(seq, record)
         # One end: the device does not say which stage is stuck, so the watchdog names
         # the first (with its peers), and polls one completion rather than one per stage.
-        return [(self.stages[0], Completion(self, seq))]
+        ends = [(self.stages[0], Completion(self, seq))]
+        if not async_op:
+            self.worker.stream_wait(caller, seq)
+            return None, ends
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
+        t.record_stream(self.done)  # the done stream is the tensor's last user here
+        if self.inline:
+            self._complete_after(seq, fut, t)
+        else:
+            assert self._completer is not None
+            self._completer.put((seq, fut, t, record))
+        return fut, ends
 
     def _raise_if_refused(self, seq: int, record: Record) -> None:
         """An issued job that NCCL or CUDA refused raises from its call, as Python does."""

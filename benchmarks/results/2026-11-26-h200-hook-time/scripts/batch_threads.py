@@ -73,10 +73,12 @@ def body(launch, device, size, samples, calls, rounds):
     def rr():
         return comm.all_reduce(next(ring), async_op=True)
 
-    for _ in range(6):
-        rr()
-        dist.all_reduce(next(ring), async_op=True)
-    native_host.settle(device)
+    # Warm each way on its own: NCCL work the caller issues while native-async jobs are
+    # queued may hang (native.py; run 75 did that here, and the watchdog ended it).
+    for call in (rr, lambda: dist.all_reduce(next(ring), async_op=True)):
+        for _ in range(6):
+            call()
+        native_host.settle(device)
     ways = {"nccl async": (os.SCHED_OTHER, lambda: dist.all_reduce(next(ring), async_op=True)),
             "rr async, threads SCHED_OTHER": (os.SCHED_OTHER, rr),
             "rr async, threads SCHED_BATCH": (os.SCHED_BATCH, rr)}

@@ -172,7 +172,8 @@ native)
   step info 30 python3 -m ringreduce.info
   host() {  # host TOPOLOGY MODE: native_host.py there, under MPS (emulate.py's auto)
     local link=(--mode loopback); [ "$2" = capped ] && link=($CAP)
-    step "host_$1_$2" ${HOST_S:-150} $E --machines "${1%x*}" --gpus-per-machine "${1#*x}" \
+    # NCCL_SET_THREAD_NAME: native_host.py's CPU-by-thread table names NCCL's threads
+    NCCL_SET_THREAD_NAME=1 step "host_$1_$2" ${HOST_S:-150} $E --machines "${1%x*}" --gpus-per-machine "${1#*x}" \
       "${link[@]}" --script benchmarks/native_host.py -- --size 25M --calls ${HOST_CALLS:-32} \
       --slices "${HOST_SLICES-8M,16M,32M}"
   }

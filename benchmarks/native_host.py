@@ -101,8 +101,9 @@ def stream_cost(call: Callable[[], object], calls: int,
     settle(device)
     cpu, wall = _cpu_s() - cpu, time.perf_counter() - wall
     by_kind: dict[str, float] = {}
+    python = {t.native_id: t.name for t in threading.enumerate()}
     for tid, (name, seconds) in thread_cpu_s().items():
-        kind = thread_kind(tid, name)
+        kind = thread_kind(tid, name, python)
         by_kind[kind] = by_kind.get(kind, 0.0) + (seconds - threads.get(tid, (name, 0.0))[1])
     return (host / calls * 1e6, cpu / calls * 1e3, cpu / wall, wall / calls * 1e3,
             {k: v / calls * 1e3 for k, v in by_kind.items()})
@@ -132,11 +133,10 @@ def thread_cpu_s() -> dict[int, tuple[str, float]]:
     return out
 
 
-def thread_kind(tid: int, name: str) -> str:
+def thread_kind(tid: int, name: str, python: dict[int | None, str]) -> str:
     """A thread's role: the caller, ringreduce's own (Python threads by their
-    threading name, the native worker by its OS name "rr-issuer"), NCCL's (by the
-    names NCCL_SET_THREAD_NAME=1 gives them), or "other"."""
-    python = {t.native_id: t.name for t in threading.enumerate()}
+    threading name in ``python``, native id -> name; the native worker by its OS name
+    "rr-issuer"), NCCL's (by the names NCCL_SET_THREAD_NAME=1 gives them), or "other"."""
     if tid == threading.main_thread().native_id:
         return "caller"
     if name == "rr-issuer" or python.get(tid, "").startswith("ringreduce-"):

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 KiB = 1024
@@ -59,6 +60,9 @@ _ENV = {
     "flight_records": "RINGREDUCE_FLIGHT_RECORDS",
     "flight_file": "RINGREDUCE_FLIGHT_FILE",
     "wire_dtype": "RINGREDUCE_WIRE_DTYPE",
+    "wire": "RINGREDUCE_WIRE",
+    "wire_block": "RINGREDUCE_WIRE_BLOCK",
+    "hook_feedback": "RINGREDUCE_HOOK_FEEDBACK",
     "graphs": "RINGREDUCE_GRAPHS",
     "nccl_blocking": "RINGREDUCE_NCCL_BLOCKING",
     "issuer": "RINGREDUCE_ISSUER",
@@ -75,6 +79,18 @@ CALL_CHECK_COMMS = ("stages", "world")
 
 #: 16-bit formats float32 tensors may take on the network hop (collect, diffuse).
 WIRE_DTYPES = ("bfloat16", "float16")
+#: Every wire format (Config.wire): the 16-bit ones by their short names, then the
+#: block-quantized ones (execution/quant.py).
+WIRES = ("bf16", "fp16", "int8", "fp8", "int4")
+#: wire_dtype's names -> wire's (wire_dtype is wire's older spelling for 16 bits).
+WIRE_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
+
+#: Elements per quantization block (one fp32 scale each). 256: the scale costs 4/256 =
+#: 1.6% of an int8 row (3.1% of int4), and a block of 256 gradient values still has a
+#: max-abs close to the bulk's, so the int8 step stays ~1% of it; ZeRO++ and bitsandbytes
+#: use blocks of the same order. A measurement on GPU (benchmarks/compressed.py) is to
+#: confirm it. A multiple of 8 keeps every packed row a whole number of fp32 scales.
+DEFAULT_WIRE_BLOCK = 256
 
 #: torch's ProcessGroupNCCL watchdog default: long enough for any single all-reduce
 #: of a real model, short enough that a dead peer does not hold a job for hours.
@@ -86,8 +102,10 @@ class Config:
     """Effective settings of one :class:`ringreduce.Communicator`."""
 
     machines: int | None = None
-    """Split the ranks into this many virtual machines of contiguous ranks
-    (``RINGREDUCE_MACHINES``). ``None``: detect machines from the host identity."""
+    """Split the group's ranks into this many virtual machines of contiguous ranks
+    (``RINGREDUCE_MACHINES``); it must divide the group's size (the backend's groups
+    that it does not divide take the flat route). ``None``: detect machines from the
+    members' host identities."""
 
     slice_bytes: int | None = None
     """Slice size (``RINGREDUCE_SLICE_BYTES``), the same for every call. ``None``: by
@@ -163,6 +181,28 @@ class Config:
     slow link; reduce-scatter, all-gather and the add stay in float32. Each reduced
     element is rounded to the wire format once, on every machine alike, so all
     ranks end with identical values. Other dtypes and the flat route are unaffected."""
+
+    wire: str | None = None
+    """The network hop's format (``RINGREDUCE_WIRE``): ``"bf16"``/``"fp16"`` (the same
+    as ``wire_dtype``, its older spelling: float32 tensors only, pipelined), or
+    ``"int8"``, ``"fp8"`` (e4m3), ``"int4"``: float32, bfloat16 and float16 tensors
+    of SUM and AVG calls cross the rail quantized in blocks of ``wire_block`` elements,
+    one fp32 scale each, on the unpipelined compressed route (execution/compressed.py):
+    fp32 everywhere else, fp32 accumulation, and every rank ends with bit-identical
+    values. MAX/MIN and other dtypes keep the tensor's own format, and calls below
+    ``min_bytes`` or on one machine take the flat route, exact, as ever. A block holding
+    inf or nan comes back non-finite as a whole. ``None``: the tensor's dtype. A call
+    may override it (``all_reduce(t, wire="int8", feedback="key")``)."""
+
+    wire_block: int = DEFAULT_WIRE_BLOCK
+    """Elements per quantization block of the 8- and 4-bit wires (``RINGREDUCE_WIRE_BLOCK``;
+    a multiple of 8); DEFAULT_WIRE_BLOCK says why 256."""
+
+    hook_feedback: bool = True
+    """The DDP hook keeps error feedback per bucket for the 8- and 4-bit wires
+    (``RINGREDUCE_HOOK_FEEDBACK``; 0 turns it off): the quantization error of a bucket
+    is added to the same bucket next step (compressed.py, about numel/D fp32 values per
+    rank and bucket)."""
 
     graphs: int = 0
     """CUDA only: keep up to this many repeated hierarchical all-reduces as CUDA graphs
@@ -252,6 +292,7 @@ class Config:
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"wire_dtype={self.wire_dtype!r} is not supported; use one of "
                              f"{WIRE_DTYPES} or None")
+        self._resolve_wire()
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s={self.timeout_s!r} must be positive seconds")
         if self.issuer is not None and self.issuer not in ISSUERS:
@@ -271,16 +312,42 @@ class Config:
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be a non-negative int")
 
+    def _resolve_wire(self) -> None:
+        """Check ``wire`` and ``wire_block``, and make ``wire`` and its 16-bit alias
+        ``wire_dtype`` name the same format (either may be given)."""
+        if self.wire is not None and self.wire not in WIRES:
+            raise ValueError(f"wire={self.wire!r} is not supported; use one of {WIRES} or None "
+                             "(the tensor's dtype)")
+        if not isinstance(self.wire_block, int) or self.wire_block < 8 or self.wire_block % 8:
+            raise ValueError(f"wire_block={self.wire_block!r} must be a positive multiple of 8 "
+                             f"(elements per fp32 scale); the default is {DEFAULT_WIRE_BLOCK}")
+        alias = WIRE_OF_DTYPE.get(self.wire_dtype or "")
+        if self.wire is None and alias is not None:
+            object.__setattr__(self, "wire", alias)  # frozen: set once, while constructing
+        elif self.wire_dtype is None and self.wire in WIRE_OF_DTYPE.values():
+            dtype = next(k for k, v in WIRE_OF_DTYPE.items() if v == self.wire)
+            object.__setattr__(self, "wire_dtype", dtype)
+        elif alias is not None and alias != self.wire:
+            raise ValueError(f"wire={self.wire!r} and wire_dtype={self.wire_dtype!r} disagree; "
+                             "pass only wire= (wire_dtype is its older alias for 16 bits)")
+
     @classmethod
-    def from_env(cls, **overrides: object) -> Config:
-        """Defaults, then ``RINGREDUCE_*`` variables, then non-None ``overrides``."""
-        values: dict[str, object] = {}
+    def from_env(cls, defaults: Mapping[str, object] | None = None,
+                 **overrides: object) -> Config:
+        """The fields' defaults, then ``defaults`` (what the caller's context implies,
+        such as the process group's timeout), then ``RINGREDUCE_*`` variables, then
+        non-None ``overrides``."""
+        values: dict[str, object] = dict(defaults or {})
         kinds = {f.name: f.default for f in dataclasses.fields(cls)}
         for field, var in _ENV.items():
             raw = os.environ.get(var)
             if raw is not None and raw.strip():
                 values[field] = _parse(var, raw.strip(), kinds[field])
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        for one, other in (("wire", "wire_dtype"), ("wire_dtype", "wire")):
+            if one in given and other not in given:
+                values.pop(other, None)  # an explicit format wins over the other spelling's
+        values.update(given)
         return dataclasses.replace(cls(), **values)  # type: ignore[arg-type]  # checked by __post_init__
 
     @property
@@ -304,6 +371,11 @@ class Config:
                    MIN_CALL_SHARD_BYTES * devices * machines)
 
 
+def env_name(field: str) -> str:
+    """The ``RINGREDUCE_*`` variable of a Config field (for messages)."""
+    return _ENV.get(field, "")
+
+
 def _parse(var: str, raw: str, default: object) -> object:
     """Parse by the field's default: bool, float, str, else int (0x... allowed)."""
     if isinstance(default, bool):
@@ -313,8 +385,9 @@ def _parse(var: str, raw: str, default: object) -> object:
     try:
         if isinstance(default, float):
             return float(raw)
-        if isinstance(default, str) or var in ("RINGREDUCE_FLIGHT_FILE", "RINGREDUCE_WIRE_DTYPE",
-                                                "RINGREDUCE_ISSUER"):  # str or None
+        if isinstance(default, str) or var in (  # str or None
+                "RINGREDUCE_FLIGHT_FILE", "RINGREDUCE_WIRE_DTYPE", "RINGREDUCE_WIRE",
+                "RINGREDUCE_ISSUER"):
             return raw
         return int(raw, 0)
     except ValueError:

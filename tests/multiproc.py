@@ -29,11 +29,12 @@ Env = dict[str, str] | list[dict[str, str]]
 def run_test_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
               env: Env | None = None, timeout: float = 300.0,
               expect_exit: dict[int, int] | None = None,
-              store: tuple[str, int] | None = None) -> None:
+              store: tuple[str, int] | None = None, pg_timeout: float | None = None) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes. ``expect_exit``
     maps ranks to the exit code they must end with (fault-injection tests). ``store``:
     meet in the TCPStore served at (host, port) instead of a FileStore (a test that
-    takes the store away). A rank whose env has ``RR_TEST_NETNS`` joins that network
+    takes the store away). ``pg_timeout``: the default group's ``timeout`` in seconds
+    (torch's default when None). A rank whose env has ``RR_TEST_NETNS`` joins that network
     namespace before anything connects (tests/netns.py)."""
     ctx = mp.get_context("spawn")
     errors = ctx.Queue()
@@ -41,7 +42,7 @@ def run_test_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend:
         init = f"file://{os.path.join(tmp, 'store')}"
         procs = [ctx.Process(target=_entry, daemon=True,
                              args=(fn, rank, world_size, init, backend, env, args, errors,
-                                   timeout, store))
+                                   timeout, store, pg_timeout))
                  for rank in range(world_size)]
         for p in procs:
             p.start()
@@ -77,7 +78,7 @@ def _fail(reason: str) -> None:
 
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, init: str, backend: str,
            env: Env | None, args: tuple[Any, ...], errors: Any, timeout: float,
-           store: tuple[str, int] | None) -> None:
+           store: tuple[str, int] | None, pg_timeout: float | None) -> None:
     # A rank still running shortly before the deadline prints every thread's stack, so
     # a hang in CI says where it is (the parent then kills it and fails the test).
     faulthandler.dump_traceback_later(max(1.0, timeout - 5), exit=False)
@@ -98,6 +99,8 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, init: str, backen
                                             timeout=datetime.timedelta(seconds=timeout))
         else:
             kwargs["init_method"] = init
+        if pg_timeout is not None:
+            kwargs["timeout"] = datetime.timedelta(seconds=pg_timeout)
         dist.init_process_group(backend, rank=rank, world_size=world_size, **kwargs)
         fn(rank, world_size, *args)
     except BaseException:

@@ -142,9 +142,12 @@ def test_topology_from_host_ids_groups_by_host() -> None:
     assert t.peers("flat") == t.peers("world") == tuple(range(6))
 
 
-def test_topology_rejects_unequal_machines() -> None:
-    with pytest.raises(ValueError, match=r"'a': 3, 'b': 1"):
-        topology.from_host_ids(["a", "a", "a", "b"], 0)
+def test_unequal_machines_make_one_flat_machine() -> None:
+    t = topology.from_host_ids(["a", "a", "b"], 2)
+    assert (t.machines, t.devices_per_machine, t.machine_index, t.device_index) == (1, 3, 0, 2)
+    assert t.ranks == ((0, 1, 2),) and t.rank == 2
+    assert "spread unevenly over machines ('a': 2, 'b': 1)" in t.flat_reason
+    assert topology.from_host_ids(["a", "b"], 0).flat_reason == ""
 
 
 def test_virtual_machines_are_contiguous() -> None:

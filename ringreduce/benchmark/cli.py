@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 import ringreduce
 
-from ..config import host_identity
+from ..config import WIRE_OF_DTYPE, host_identity
 from . import options, references
 from .launch import Launch, detect, nccl_variables, run_ranks
 from .measure import Bench, measure, wrong_elements
@@ -96,10 +96,10 @@ def default_fidelity(b: Bench, hosts: int) -> str:
 def bench_rank(args: argparse.Namespace, launch: Launch,
                device: torch.device) -> list[dict[str, Any]]:
     """One rank, inside its process group: build the Communicator, run the sweep."""
-    wire = options.WIRES[args.wire] if args.wire else None
+    wire = WIRE_OF_DTYPE.get(args.wire, args.wire) if args.wire else None  # config's names
     comm = ringreduce.Communicator(None, machines=args.machines, slice_bytes=args.slice_bytes,
                                    staging_bytes=args.staging_bytes, min_bytes=args.min_bytes,
-                                   wire_dtype=wire)
+                                   wire=wire)
     try:
         hosts: list[str] = [""] * launch.world_size
         dist.all_gather_object(hosts, host_identity())

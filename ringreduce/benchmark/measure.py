@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 import ringreduce
 
+from ..execution.quant import FORMATS
 from . import references
 from .launch import Launch
 from .options import WIRES
@@ -187,7 +188,8 @@ def measure(b: Bench, size: int, buckets: int) -> dict[str, Any]:
     route = "unknown"
     for r in range(a.rounds):
         for i, (name, reduce) in enumerate(live):
-            wrong[i] += check_loop(reduce, bufs, pattern, want, a.check, tol)
+            wrong[i] += check_loop(reduce, bufs, pattern, want, a.check,
+                                   max(tol, quantized_tolerance(b)) if name == "rr" else tol)
             for t, _ in bufs:
                 t.copy_(pattern)  # keep SUM from overflowing to inf/NaN while timed
             stats[i, r] = torch.tensor(time_loop(reduce, bufs, a.iters, cuda))
@@ -248,10 +250,25 @@ def make_row(b: Bench, count: int, buckets: int, route: str, names: list[str],
 
 def wire_fraction(b: Bench, route: str) -> float:
     """Bytes on the network per byte of tensor: the wire format's share for float32 on
-    the hierarchical route with --wire, else 1."""
-    if b.args.wire and route == "hierarchical" and b.dtype == torch.float32:
+    the hierarchical route with --wire (a quantized one: payload and scales), else 1."""
+    if b.args.wire in FORMATS and route.startswith("compressed"):
+        fmt, block = FORMATS[b.args.wire], b.comm.config.wire_block
+        return fmt.row_bytes(block, block) / block / b.dtype.itemsize
+    if b.args.wire in WIRES and route == "hierarchical" and b.dtype == torch.float32:
         return WIRES[b.args.wire].itemsize / b.dtype.itemsize
     return 1.0
+
+
+def quantized_tolerance(b: Bench) -> float:
+    """What ringreduce's result may differ by with an 8- or 4-bit wire (0 without): each
+    machine's partial (|x| <= 3D, inputs() is within [-3, 3]) and the reduced sum
+    (<= 3N) are quantized once each, off by at most worst_error of their block's
+    max-abs: worst_error * (M * 3D + 3N) = worst_error * 6N for SUM, / N for AVG."""
+    if b.args.wire not in FORMATS or b.args.collective != "all_reduce":
+        return 0.0
+    n = b.launch.world_size
+    bound = FORMATS[b.args.wire].worst_error * 6 * n * 1.01  # 1%: fp32 rounding of scales
+    return bound / n if b.args.op == "avg" else bound
 
 
 def link_bound(total_bytes: int, machines: int, link_gbit: float | None,

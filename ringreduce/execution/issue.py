@@ -307,15 +307,10 @@ class Issuer:
 
     # --- CPU: run in order on one worker thread ------------------------------------------
 
-    def queue_cpu(self, record: Record, on_cpu: Callable[[Record], Any], async_op: bool,
-                  result: torch.Tensor) -> torch.futures.Future[torch.Tensor] | None:
-        """``on_cpu(record)`` queued behind earlier calls; waited for unless ``async_op``,
-        whose Future completes with ``result``."""
-        job = self.worker.submit(self._run_cpu, on_cpu, record)  # type: ignore[union-attr]
-        if not async_op:
-            job.result()
-            return None
-        return _as_torch_future(job, result)
+    def queue_cpu(self, record: Record,
+                  on_cpu: Callable[[Record], Any]) -> concurrent.futures.Future[None]:
+        """``on_cpu(record)`` queued behind earlier calls on the worker thread."""
+        return self.worker.submit(self._run_cpu, on_cpu, record)  # type: ignore[union-attr]
 
     def _run_cpu(self, run: Callable[[Record], Any], record: Record) -> None:
         """One call on the worker thread; a failure poisons the calls queued behind it."""
@@ -358,7 +353,7 @@ def _stage_ends(last: str, devices: int) -> Ends:
     return [(s, s) for s in schedule.active_stages(devices)]
 
 
-def _as_torch_future(job: concurrent.futures.Future[Any],
+def as_torch_future(job: concurrent.futures.Future[Any],
                      t: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
 

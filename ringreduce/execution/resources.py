@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringreduce.config import Config, host_identity
+from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import cuda_setup
 from ringreduce.execution.call_check import HostCallCheck
@@ -158,15 +158,12 @@ class Resources:
 
 
 def build_resources(store: dist.Store, rank: int, world: int, device: torch.device,
-                    config: Config) -> Resources:
+                    config: Config, hosts: list[str]) -> Resources:
     """Everything for one communicator of ``world`` ranks meeting in ``store`` (a
-    namespace of its own): collective, every rank calls it with its ``rank``."""
-    if config.machines is not None:
-        topo = topology.from_virtual(world, config.machines, rank)
-    else:
-        store.set(f"host/{rank}", host_identity())
-        hosts = [store.get(f"host/{r}").decode() for r in range(world)]
-        topo = topology.from_host_ids(hosts, rank)
+    namespace of its own), on machines told apart by ``hosts`` (every rank's identity,
+    agreed in safety/agreement.meet): collective, every rank calls it with its
+    ``rank``."""
+    topo = topology.from_host_ids(hosts, rank)
     is_cuda = device.type == "cuda"
     slice_bytes = config.resolved_slice_bytes(topo.devices_per_machine, topo.machines)
     slot_bytes, slots = layout.staging_geometry(topo.devices_per_machine, topo.machines,
@@ -191,12 +188,14 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
     return res
 
 
-def group_store(group: dist.ProcessGroup, world: int) -> dist.Store:
-    """A store namespace unique to this communicator: ranks construct communicators
-    in the same order, so the n-th construction on every rank gets instance n."""
+def group_store(group: dist.ProcessGroup) -> dist.Store:
+    """A store namespace unique to this communicator: the n-th construction on a group
+    gets instance n on every rank. Each rank counts its own constructions (a key per
+    rank), so ranks that fail fast and try again cannot shift a slower rank onto
+    another instance, as one shared counter did."""
     base = dist.distributed_c10d._get_default_store()
     name = getattr(group, "group_name", "") or "world"
-    instance = (base.add(f"ringreduce/{name}/instances", 1) - 1) // world
+    instance = base.add(f"ringreduce/{name}/instances/{dist.get_rank()}", 1) - 1
     return dist.PrefixStore(f"ringreduce/{name}/{instance}/", base)
 
 

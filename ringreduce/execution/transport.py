@@ -210,6 +210,16 @@ class NcclTransport:
         with self.group([comm]):
             self.calls.all_gather(self.comms[comm], send, recv, stream)
 
+    def rail_exchange(self, comm: str, sends: Sequence[torch.Tensor],
+                      recvs: Sequence[torch.Tensor], stream: int) -> None:
+        """A rail all-to-all on ``comm`` (collect or diffuse), one group: ``sends[i]``
+        goes to machine ``others[i]``, whose message to this machine lands in
+        ``recvs[i]``."""
+        with self.group([comm]):
+            for i, j in enumerate(self.others):
+                self.calls.send(self.comms[comm], sends[i], j, stream)
+                self.calls.recv(self.comms[comm], recvs[i], j, stream)
+
 
 class GlooTransport:
     """Stage operations on gloo groups ("world", "intra", "rail"), called directly
@@ -294,6 +304,13 @@ class GlooTransport:
                         stream: None = None) -> None:
         """recv = every rank's ``send`` of ``comm``, in group-rank order."""
         self.groups[_GROUP_OF[comm]]._allgather_base(recv.view(-1), send.view(-1)).wait()
+
+    def rail_exchange(self, comm: str, sends: Sequence[torch.Tensor],
+                      recvs: Sequence[torch.Tensor], stream: None = None) -> None:
+        """A rail all-to-all (``comm``: collect or diffuse, both the rail group here):
+        ``sends[i]`` goes to machine ``others[i]``, whose message lands in ``recvs[i]``."""
+        assert _GROUP_OF[comm] == "rail", comm
+        self._exchange([(i, sends[i], recvs[i]) for i in range(len(self.others))])
 
     def _exchange(self, moves: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
         """For each (i, out, into): send ``out`` to and receive ``into`` from rail peer i.

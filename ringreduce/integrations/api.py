@@ -8,6 +8,7 @@ the process group (or let process exit reclaim it).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -23,7 +24,12 @@ def all_reduce(t: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: dist.Process
     """Like ``dist.all_reduce(t, op, group, async_op)``, through a cached Communicator.
 
     The first call for a group is collective (it builds the Communicator with the
-    settings of ``Config.from_env()``)."""
+    settings of ``Config.from_env()``). On a rank outside ``group`` it does nothing
+    and returns None, with torch's warning, as ``dist.all_reduce`` does."""
+    if group is not None and group == dist.GroupMember.NON_GROUP_MEMBER:  # new_group's answer
+        warnings.warn(f"Running all_reduce on global rank {dist.get_rank()} which does not "
+                      "belong to the given group.", stacklevel=2)
+        return None
     group = group or dist.group.WORLD
     key = getattr(group, "group_name", "") or "world"
     comm = _communicators.get(key)

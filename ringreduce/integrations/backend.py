@@ -14,8 +14,18 @@ forms ``"cuda:ringreduce"`` and ``"cpu:gloo,cuda:ringreduce"`` work too, but giv
 same group: torch lets a Python process group serve every device.
 
 An ``allreduce`` the engine does not take (several tensors, another dtype or op such
-as PREMUL_SUM or BAND, a non-contiguous tensor) runs on the device's own backend;
-logged once per reason, never silent.
+as PREMUL_SUM or BAND, a sparse tensor) runs on the device's own backend; logged once
+per reason, never silent. A non-contiguous tensor is refused (ValueError) before any
+communication, as NCCL's process group refuses it: gloo would write outside the view.
+
+The engine of a device is built at the group's first all_reduce on it, under a lock
+(threads), collectively: every rank first publishes its settings and waits for every
+other rank within the group's timeout (safety/agreement.py), so an absent rank is
+named in a RingReduceError, ranks configured differently fail naming the field, and a
+failed build can be retried at once. A group whose ranks are spread unevenly over
+machines, or whose size RINGREDUCE_MACHINES does not divide, takes the flat route
+(logged once). The engine's deadline is the group's timeout
+(``init_process_group(timeout=...)``) unless RINGREDUCE_TIMEOUT is set.
 
 The collectives torch's trampoline for Python process groups (``PyProcessGroup``)
 routes through ``WORK_OVERRIDE`` are defined here and hand the call to the device's
@@ -34,14 +44,18 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
+from ringreduce.config import Config
 from ringreduce.engine import Communicator
-from ringreduce.errors import RingReduceError
+from ringreduce.errors import RingReduceError, stage_error
+from ringreduce.safety import checks
+from ringreduce.safety.agreement import STAGE
 from ringreduce.safety.checks import DTYPES, OPS
 
 NAME = "ringreduce"
@@ -57,7 +71,14 @@ class RingReduceGroup(dist.ProcessGroup):
                  timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # the stub lists only (store, rank, size)
         self._store = store
+        self._timeout = timeout
         self._engines: dict[str, Communicator] = {}
+        self._builds: dict[str, int] = {}
+        """Engine builds tried per device type: each attempt meets under a store prefix
+        of its own, so a build that failed (a rank absent past the deadline) leaves
+        nothing that a later attempt could trip over."""
+        self._building = threading.Lock()
+        """Two threads' first calls must not build two engines on one prefix."""
         self._delegated: set[str] = set()
         gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
         self._register_backend(torch.device("cpu"), _BackendType.GLOO, gloo)
@@ -77,6 +98,10 @@ class RingReduceGroup(dist.ProcessGroup):
     def allreduce(  # type: ignore[override]  # torch's C++ calls it with (tensors, opts)
             self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else c10d.AllreduceOptions()
+        for t in tensors:
+            if t.layout == torch.strided and not t.is_contiguous():
+                # gloo would write outside the view (NCCL refuses such tensors too)
+                checks.tensor(t, "all_reduce", "tensor", t.device)
         reason = self._not_ours(tensors, opts.reduceOp)
         if reason:
             return self._delegate(tensors, opts, reason)
@@ -93,12 +118,48 @@ class RingReduceGroup(dist.ProcessGroup):
     def _engine(self, device: torch.device) -> Communicator:
         engine = self._engines.get(device.type)
         if engine is None:
-            if device.type == "cuda":
-                device = torch.device("cuda", torch.cuda.current_device())
-            store = dist.PrefixStore(f"engine/{device.type}/", self._store)
-            engine = Communicator._on_store(store, self.rank(), self.size(), device)
-            self._engines[device.type] = engine
+            with self._building:
+                engine = self._engines.get(device.type)
+                if engine is None:
+                    engine = self._build(device)
         return engine
+
+    def _build(self, device: torch.device) -> Communicator:
+        """The engine for ``device``'s tensors: built collectively at the group's first
+        all_reduce on that device (CUDA: on the current device, which the user sets
+        after creating the group as often as before). Its deadline is the group's
+        timeout unless RINGREDUCE_TIMEOUT says otherwise."""
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        attempt = self._builds.get(device.type, 0)
+        self._builds[device.type] = attempt + 1
+        store = dist.PrefixStore(f"engine/{device.type}/{attempt}/", self._store)
+        defaults: dict[str, object] = {"timeout_s": self._timeout.total_seconds()}
+        settings = self._machines_or_flat(Config.from_env(defaults))
+        try:
+            engine = Communicator._on_store(store, self.rank(), self.size(), device,
+                                            defaults=defaults, **settings)
+        except (ValueError, TypeError, RingReduceError):
+            raise
+        except RuntimeError as exc:  # gloo's or NCCL's own: a peer left mid-build
+            raise stage_error(STAGE, self.rank(), "the construction of the ringreduce "
+                              f"backend's engine (attempt {attempt})", range(self.size()),
+                              f"{exc}; call again on every rank to retry") from exc
+        self._engines[device.type] = engine
+        return engine
+
+    def _machines_or_flat(self, config: Config) -> dict[str, object]:
+        """RINGREDUCE_MACHINES applies to every group of the backend; a group whose size
+        it does not divide (a pipeline stage of 3 ranks) is one flat machine: its calls
+        take the flat all-reduce, as gloo and NCCL would run them."""
+        machines = config.machines
+        if machines is None or self.size() % machines == 0:
+            return {}
+        if self.rank() == 0:
+            log.warning("ringreduce backend: RINGREDUCE_MACHINES=%d does not divide this "
+                        "group's %d ranks; its all_reduce takes the flat route", machines,
+                        self.size())
+        return {"machines": 1}
 
     @staticmethod
     def _not_ours(tensors: list[torch.Tensor], op: Any) -> str:
@@ -110,8 +171,8 @@ class RingReduceGroup(dist.ProcessGroup):
             return f"dtype {t.dtype}"
         if op.op not in OPS:
             return f"op {op.op}"
-        if not t.is_contiguous() or t.layout != torch.strided:
-            return "a non-contiguous or non-strided tensor"
+        if t.layout != torch.strided:
+            return f"layout {t.layout}"
         return ""
 
     def _delegate(self, tensors: list[torch.Tensor], opts: Any, reason: str) -> Any:

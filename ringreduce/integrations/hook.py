@@ -16,8 +16,16 @@ def ddp_hook(state: Communicator, bucket: dist.GradBucket) -> torch.futures.Futu
     the Future is completed on a stream that follows the call, so the reducer's
     ``wait()`` only makes its stream wait; the autograd thread never blocks on the
     device. With ``RINGREDUCE_ISSUER=native-async`` the backward's last bucket returns
-    once the worker issued every queued call, so DDP's own NCCL work comes after. AVG
-    divides once after the sum, in fp32 for 16-bit gradients (torch's hook divides
-    first, in the gradient's own precision).
+    once the worker issued every queued call, so DDP's own NCCL work comes after.
+
+    16-bit gradients (float16, bfloat16) are divided by the world size first, in their
+    own precision, then summed, as plain DDP and torch's hook do, so gradients whose
+    sum would pass fp16's 65504 but whose average does not come back finite, as in
+    plain DDP. Other dtypes are summed, then divided once. Results may differ from
+    plain DDP's in the last bit: the hierarchical route sums in another order than
+    NCCL's, and fp32 is divided after the sum, not before.
+
+    With an 8- or 4-bit wire (``Communicator(wire="int8")``) each bucket keeps error
+    feedback, keyed by its index (``Config.hook_feedback``; ``comm.reset_feedback()``).
     """
-    return state._hook_all_reduce(bucket.buffer(), bucket.is_last())
+    return state._hook_all_reduce(bucket.buffer(), bucket.is_last(), bucket.index())

@@ -1,8 +1,10 @@
 """Pure topology: which (machine, device) every rank is. No torch, no CUDA.
 
 A machine is a set of ranks that share fast links (NVLink); a *rail* is the set of
-ranks with the same device index on every machine. ringreduce needs every machine to
-run the same number of ranks, so that rails are complete.
+ranks with the same device index on every machine. The hierarchy needs every machine
+to run the same number of the group's ranks, so that rails are complete; a group spread
+unevenly over machines (a pipeline stage of 3 ranks on 2 hosts, say) is one *flat*
+group: every call takes the flat all-reduce, as gloo and NCCL would run it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ class Topology:
     machine_index: int
     device_index: int
     ranks: tuple[tuple[int, ...], ...]
+    flat_reason: str = ""
+    """Why a group of several machines is treated as one (machines spread unevenly);
+    "" when the topology is what the machines are."""
 
     @property
     def world_size(self) -> int:
@@ -59,30 +64,35 @@ class Topology:
 
 def from_host_ids(host_ids: Sequence[str], rank: int) -> Topology:
     """Group ranks by host identity; machines are numbered by first appearance and
-    devices by rank order within a machine. Raises ValueError when machines differ
-    in rank count, naming every host and its count."""
+    devices by rank order within a machine. Machines that differ in rank count give
+    one flat machine of every rank, its ``flat_reason`` naming every host and count."""
     members: dict[str, list[int]] = {}
     for r, host in enumerate(host_ids):
         members.setdefault(host, []).append(r)
     counts = {host: len(rs) for host, rs in members.items()}
     if len(set(counts.values())) > 1:
         listing = ", ".join(f"{host!r}: {n}" for host, n in counts.items())
-        raise ValueError(
-            f"ringreduce needs the same number of ranks on every machine, got {listing}; "
-            "launch the same number of processes per host, or pass machines=K to split "
-            "the ranks into K equal virtual machines of contiguous ranks")
+        return Topology(1, len(host_ids), 0, rank, (tuple(range(len(host_ids))),),
+                        f"the group's ranks are spread unevenly over machines ({listing}); "
+                        "the hierarchy needs the same number on every machine")
     return _locate(tuple(tuple(rs) for rs in members.values()), rank)
 
 
-def from_virtual(world_size: int, machines: int, rank: int) -> Topology:
-    """Split ranks 0..world_size-1 into ``machines`` virtual machines of contiguous ranks."""
+def virtual_host(rank: int, world_size: int, machines: int) -> str:
+    """The host identity of ``rank`` when ``world_size`` ranks are split into
+    ``machines`` virtual machines of contiguous ranks (machines are then found from
+    identities, as for real hosts)."""
     if machines < 1 or world_size % machines:
         raise ValueError(
             f"machines={machines} must divide the world size {world_size}; choose a "
             f"divisor of {world_size} (e.g. machines=1 or machines={world_size})")
-    per = world_size // machines
-    rows = tuple(tuple(range(m * per, (m + 1) * per)) for m in range(machines))
-    return _locate(rows, rank)
+    return f"virtual-machine-{rank // (world_size // machines)}"
+
+
+def from_virtual(world_size: int, machines: int, rank: int) -> Topology:
+    """Split ranks 0..world_size-1 into ``machines`` virtual machines of contiguous ranks."""
+    hosts = [virtual_host(r, world_size, machines) for r in range(world_size)]
+    return from_host_ids(hosts, rank)
 
 
 def _locate(rows: tuple[tuple[int, ...], ...], rank: int) -> Topology:

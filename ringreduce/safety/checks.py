@@ -17,13 +17,18 @@ identity in a third of the time that hashing a pybind enum for the dict takes.""
 
 
 def op_name(op: Any) -> str:
-    """"sum", "avg", "max" or "min" for a supported ``dist.ReduceOp``."""
+    """"sum", "avg", "max" or "min" for a supported ``dist.ReduceOp``: an enum value
+    (``dist.ReduceOp.SUM``) or a ``dist.ReduceOp`` object wrapping one."""
     for known, known_name in _BY_IDENTITY:
         if op is known:
             return known_name
-    name = OPS.get(op)
+    kind = getattr(op, "op", op)  # a ReduceOp object (PREMUL_SUM's, the options') wraps its enum
+    name = OPS.get(kind)
     if name is None:
-        raise TypeError(f"op {op} is not supported; use dist.ReduceOp.SUM, AVG, MAX or MIN")
+        # the enum has a name; a ReduceOp object's repr is only its address
+        readable = getattr(kind, "name", None)
+        shown = f"ReduceOp.{readable}" if isinstance(readable, str) else repr(op)
+        raise TypeError(f"op {shown} is not supported; use dist.ReduceOp.SUM, AVG, MAX or MIN")
     return name
 
 

@@ -45,10 +45,11 @@ def require() -> None:
 # native programs can be traced and tested on any CPU (tests/test_native.py).
 _DTYPES: dict[torch.dtype, int] = {
     torch.float32: 7, torch.float16: 6, torch.bfloat16: 9, torch.float64: 8,
-    torch.int32: 2, torch.int64: 4} if core is None else {
+    torch.int32: 2, torch.int64: 4, torch.uint8: 1} if core is None else {
     torch.float32: int(core.FLOAT32), torch.float16: int(core.FLOAT16),
     torch.bfloat16: int(core.BFLOAT16), torch.float64: int(core.FLOAT64),
-    torch.int32: int(core.INT32), torch.int64: int(core.INT64)}
+    torch.int32: int(core.INT32), torch.int64: int(core.INT64),
+    torch.uint8: int(core.UINT8)}  # the packed rows of the quantized wires (quant.py)
 
 # AVG travels as SUM: the engine divides once, exactly, at the end.
 _OPS: dict[str, int] = {"sum": 0, "avg": 0, "max": 2, "min": 3} if core is None else {

@@ -1,0 +1,233 @@
+"""The compressed route: an all-reduce whose network hop carries block-quantized rows.
+
+Unpipelined, on the caller's stream, for a float32/bfloat16/float16 tensor of a SUM or
+AVG call; M machines x D devices, rank (m, d), P = numel padded up to D*M*block:
+
+    x        = t as fp32, zero-padded to P, viewed (D, M, k)
+    part     = sum over this machine's devices of x[d]         (M, k)  reduce-scatter
+    part    += collect error of ``key``                                (error feedback)
+    mine     = quantize(part)                                  (M, row bytes)
+    got[j]   = machine j's mine[m]; got[m] = mine[m]           collect: rail all-to-all
+    reduced  = dequant(got[0]) + ... + dequant(got[M-1])       fp32, machines in order
+    reduced += diffuse error of ``key``
+    sent     = quantize(reduced)
+    rows[j]  = machine j's sent (this machine's own included)  diffuse: rail all-gather
+    out      = dequant(rows), / N for AVG (fp32), in t's dtype (M, k)
+    t        = (every device's out)[:numel]                    all-gather
+
+Every rank dequantizes the same bytes for every row (the owner of a row its own
+``sent`` too), so all ranks end with bit-identical values: DDP's replicas cannot drift
+apart. Accumulation is fp32 throughout (16-bit tensors are widened before the
+intra-machine reduce-scatter). Why unpipelined: on NVLink machines the unpipelined
+two-level composition reached the same wire time as the 5-stage pipeline (issue
+tracker), and it keeps the route exact to reason about. Not done yet: pipelining it,
+fused kernels (quant.py), the end-of-call check (Config.check_call_end) and the native
+issuer: it is issued from Python on the caller's stream, after a native issuer's
+queued calls (issue.Issuer.inline), like the block collectives.
+
+Error feedback (opt-in per key, ``Feedback``): what quantization dropped from this
+rank's collect rows, and from the rows it owns in diffuse, is added before quantizing
+the same key's next call. Memory per key and rank: P/D + P/(D*M) fp32 values, about
+numel/D. Non-finite errors are dropped (a step with inf/nan, skipped by AMP's
+GradScaler, must not poison every later step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ringreduce.config import WIRES, Config
+from ringreduce.execution.add import finish_average
+from ringreduce.execution.pipeline import stage_errors
+from ringreduce.execution.quant import FORMATS, Format, dequantize, quantize
+
+if TYPE_CHECKING:
+    from ringreduce.execution.context import CallContext
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+"""Tensor dtypes a quantized wire carries."""
+OPS = ("sum", "avg")
+"""Ops a quantized wire carries: a max or min of dequantized values would not be any
+rank's value, so MAX/MIN keep the tensor's format."""
+
+
+def call_wire(config: Config, wire: str | None, feedback: str | None, t: torch.Tensor,
+              op: str) -> str | None:
+    """The quantized format this call takes (None: the tensor's own route), checking the
+    per-call arguments before any communication. ``wire``: the call's override (None:
+    the communicator's ``Config.wire``). The communicator's quantized wire skips
+    tensors it cannot carry (other dtypes, MAX/MIN: a documented decision); an explicit
+    per-call one refuses them."""
+    if wire is not None and wire not in FORMATS:
+        quantized = tuple(FORMATS)
+        hint = " (16-bit wires are set per Communicator)" if wire in WIRES else ""
+        raise ValueError(f"wire={wire!r} is not a per-call wire format{hint}; use one of "
+                         f"{quantized}, or None for the communicator's ({config.wire})")
+    if feedback is not None and not isinstance(feedback, str):
+        raise TypeError(f"feedback={feedback!r} must be a str key (or None)")
+    chosen = wire if wire is not None else config.wire
+    if chosen not in FORMATS:
+        if feedback is not None:
+            raise ValueError(f"feedback={feedback!r} needs an 8- or 4-bit wire, but this call "
+                             f"takes wire={chosen!r}; pass wire='int8' (or 'fp8', 'int4') too")
+        return None
+    if wire is not None and t.dtype not in FLOATS:
+        raise TypeError(f"wire={wire!r} carries {FLOATS}, not {t.dtype}; drop wire= for "
+                        "this tensor")
+    if wire is not None and op not in OPS:
+        raise ValueError(f"wire={wire!r} carries SUM and AVG, not {op.upper()}; drop wire= "
+                         "for this call")
+    return chosen if t.dtype in FLOATS and op in OPS else None
+
+
+@dataclass
+class _Errors:
+    """One key's error feedback: what the last call's quantization dropped."""
+
+    numel: int
+    wire: str
+    collect: torch.Tensor
+    """(M, k): this rank's collect rows (its machine's partials) minus what they became."""
+    diffuse: torch.Tensor
+    """(k,): the reduced row this rank owns minus what every rank received."""
+
+
+class Feedback:
+    """Error feedback of one Communicator, per key (a DDP bucket, a user's name). A key
+    starts over when its tensor's size or wire format changes (DDP rebuilds its
+    buckets after the first step)."""
+
+    def __init__(self) -> None:
+        self._errors: dict[str, _Errors] = {}
+
+    def errors(self, key: str, numel: int, wire: str, rows: int, k: int,
+               device: torch.device) -> _Errors:
+        """The key's errors, zeros when new or when its size or format changed."""
+        errors = self._errors.get(key)
+        if errors is None or (errors.numel, errors.wire, errors.collect.shape) != \
+                (numel, wire, (rows, k)) or errors.collect.device != device:
+            errors = self._errors[key] = _Errors(
+                numel, wire, torch.zeros((rows, k), dtype=torch.float32, device=device),
+                torch.zeros(k, dtype=torch.float32, device=device))
+        return errors
+
+    def reset(self, key: str | None = None) -> None:
+        """Forget ``key``'s errors (every key's when None)."""
+        if key is None:
+            self._errors.clear()
+        else:
+            self._errors.pop(key, None)
+
+    def nbytes(self) -> int:
+        """Memory held for error feedback, over every key."""
+        return sum(e.collect.nbytes + e.diffuse.nbytes for e in self._errors.values())
+
+
+def all_reduce(t: torch.Tensor, op: str, fmt: Format, block: int, errors: _Errors | None,
+               ctx: CallContext, stream: int | None) -> None:
+    """The route of the module docstring, in place on ``t`` (flat, contiguous); torch
+    ops on the current stream, communication on ``stream`` (the same, on CUDA)."""
+    n, topo = t.numel(), ctx.topo
+    if n == 0:
+        return
+    devices, machines = topo.devices_per_machine, topo.machines
+    k = padded_row(n, devices, machines, block)
+    if errors is not None and t.is_cuda:  # kept across calls, maybe on other streams
+        for kept in (errors.collect, errors.diffuse):
+            kept.record_stream(torch.cuda.current_stream(t.device))
+    part = _machine_part(t, k, ctx, stream)
+    reduced = _collect_and_add(part, fmt, block, errors, ctx, stream)
+    out = _diffuse(reduced, fmt, block, errors, ctx, stream)
+    if op == "avg":
+        finish_average(out, topo.world_size, ctx.divisors.get(torch.float32))
+    _gather_into(t, out.to(t.dtype), ctx, stream)
+
+
+def padded_row(n: int, devices: int, machines: int, block: int) -> int:
+    """Elements per rail row: numel padded up to D*M*block, over D*M."""
+    group = devices * machines * block
+    return -(-n // group) * block
+
+
+def _machine_part(t: torch.Tensor, k: int, ctx: CallContext,
+                  stream: int | None) -> torch.Tensor:
+    """(M, k) fp32: this machine's sum of view[d], widened before summing."""
+    topo, n = ctx.topo, t.numel()
+    devices, machines = topo.devices_per_machine, topo.machines
+    flat = t.view(-1)
+    if t.dtype == torch.float32 and n == devices * machines * k:
+        x = flat if devices > 1 else flat.clone()  # read-only below; D == 1 adds into it
+    else:
+        x = torch.zeros(devices * machines * k, dtype=torch.float32, device=t.device)
+        x[:n].copy_(flat)
+    if devices == 1:
+        return x.view(machines, k)
+    part = torch.empty((machines, k), dtype=torch.float32, device=t.device)
+    with stage_errors(ctx, "reduce_scatter", t):
+        ctx.transport.reduce_scatter_into("reduce_scatter", x, part, "sum", stream)
+    return part
+
+
+def _collect_and_add(part: torch.Tensor, fmt: Format, block: int, errors: _Errors | None,
+                     ctx: CallContext, stream: int | None) -> torch.Tensor:
+    """(k,) fp32: the sum over machines of row m, each machine's partial quantized once."""
+    m, (machines, k) = ctx.topo.machine_index, part.shape
+    if errors is not None:
+        part.add_(errors.collect)
+    mine = torch.empty((machines, fmt.row_bytes(k, block)), dtype=torch.uint8,
+                       device=part.device)
+    quantize(part, fmt, block, mine)
+    if errors is not None:  # what the rows became, minus what they were
+        dequantize(mine, fmt, block, errors.collect)
+        _keep_error(torch.sub(part, errors.collect, out=errors.collect))
+    got = torch.empty_like(mine)
+    others = [j for j in range(machines) if j != m]
+    with stage_errors(ctx, "collect", part):
+        ctx.transport.rail_exchange("collect", [mine[j] for j in others],
+                                    [got[j] for j in others], stream)
+    got[m].copy_(mine[m])  # this machine's own partial counts as quantized too
+    values = torch.empty((machines, k), dtype=torch.float32, device=part.device)
+    dequantize(got, fmt, block, values)
+    reduced = values[0].clone()
+    for j in range(1, machines):  # machine 0..M-1 on every rank: one fixed order
+        reduced.add_(values[j])
+    return reduced
+
+
+def _diffuse(reduced: torch.Tensor, fmt: Format, block: int, errors: _Errors | None,
+             ctx: CallContext, stream: int | None) -> torch.Tensor:
+    """(M, k) fp32: every machine's reduced row, each from the bytes its owner sent."""
+    m, machines, k = ctx.topo.machine_index, ctx.topo.machines, reduced.numel()
+    if errors is not None:
+        reduced.add_(errors.diffuse)
+    sent = torch.empty((1, fmt.row_bytes(k, block)), dtype=torch.uint8, device=reduced.device)
+    quantize(reduced.view(1, k), fmt, block, sent)
+    rows = torch.empty((machines, sent.shape[1]), dtype=torch.uint8, device=reduced.device)
+    with stage_errors(ctx, "diffuse", reduced):
+        ctx.transport.all_gather_into("diffuse", sent.view(-1), rows, stream)
+    out = torch.empty((machines, k), dtype=torch.float32, device=reduced.device)
+    dequantize(rows, fmt, block, out)  # row m from the bytes every other machine got
+    if errors is not None:
+        _keep_error(torch.sub(reduced, out[m], out=errors.diffuse))
+    return out
+
+
+def _gather_into(t: torch.Tensor, out: torch.Tensor, ctx: CallContext,
+                 stream: int | None) -> None:
+    """t = every device's ``out`` (M, k), in device order, cut to numel."""
+    devices, n = ctx.topo.devices_per_machine, t.numel()
+    if devices == 1:
+        t.view(-1).copy_(out.view(-1)[:n])
+        return
+    whole = torch.empty((devices, out.numel()), dtype=out.dtype, device=out.device)
+    with stage_errors(ctx, "all_gather", t):
+        ctx.transport.all_gather_into("all_gather", out.view(-1), whole, stream)
+    t.view(-1).copy_(whole.view(-1)[:n])
+
+
+def _keep_error(error: torch.Tensor) -> None:
+    """A non-finite error (the call saw inf or nan) is dropped, not carried."""
+    error.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)

@@ -17,6 +17,11 @@
 #   dlrm     DDP on NCCL vs the hook vs the backend, capped 2x2; the transformer (146
 #            buckets a step) NCCL vs hook at 2x2; DLRM at 4x2 if time is left
 #   kernels  the kernel tests, benchmarks/kernel_bench.py, benchmarks/kernel_occupancy.py
+#   compressed  the quantized rail wires (issue 37) on the faithful 2x2 (>= 2 GPUs): their
+#            GPU tests with the construction and integration tests at 2x2, then one
+#            all-reduce per wire format (benchmarks/compressed.py) capped at 10 Gbit/s
+#            against NCCL fp32 under its default and its tree algorithm and torch's bf16
+#            hook, then over loopback
 #   native   the native issuer (issue 18): benchmarks/native_host.py (host time, CPU and wall
 #            per 25 MiB call, native at several slice sizes vs Python issuer vs NCCL, same
 #            run) at 2x2 loopback and capped and 4x2 loopback under MPS;
@@ -32,8 +37,9 @@ set -u
 cd "$(dirname "$0")/.."
 . benchmarks/gpu_env.sh
 suite=${1:-}
-case "$suite" in tests|perf|faults|soak|dlrm|kernels|native) ;;
-  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels|native" >&2; exit 2 ;;
+case "$suite" in tests|perf|faults|soak|dlrm|kernels|native|compressed) ;;
+  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels|native|compressed" >&2
+     exit 2 ;;
 esac
 R="$OUT/$suite"; W="$R/work"; rm -rf "$R"; mkdir -p "$W"
 BUDGET_S=${BUDGET_S:-500}; START=$SECONDS
@@ -162,6 +168,24 @@ dlrm)
     --script benchmarks/dlrm.py -- --modes nccl,hook,backend \
     --json "$W/dlrm_4x2.json" ${PLOT[@]+"${PLOT[@]}" "$W/dlrm_4x2.png"}
   grep -hvE "Warning|warn|^W1|^\[rank|^\s*$|socket.cpp|^###" "$W"/dlrm_*.log "$W"/transformer_*.log | tail -40 > "$W/summary_body.txt" ;;
+compressed)
+  step compressed_tests ${TESTS_S:-240} python3 benchmarks/emulate.py --mps-only -- \
+    env RINGREDUCE_GPU_TOPOLOGIES=2x2 RR_MPS=1 python3 -m pytest -m gpu \
+    tests/test_gpu_compressed.py tests/test_gpu_construction.py tests/test_gpu_integrations.py \
+    tests/test_gpu.py -k "${TESTS_K-compressed or construction or integrations or ddp}" \
+    -p no:cacheprovider -v -rs
+  C=(--machines 2 --gpus-per-machine 2)
+  CSIZES=${COMPRESSED_SIZES:-16M,64M}
+  step compressed_capped_2x2 ${BENCH_S:-110} $E_ALL "${C[@]}" $CAP --script benchmarks/compressed.py \
+    -- --sizes "$CSIZES" --json "$W/compressed_capped_2x2.json"
+  # NCCL reads NCCL_ALGO once per process: its tree (the best NCCL at two machines) runs apart
+  step compressed_capped_2x2_tree ${BENCH_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${C[@]}" \
+    $CAP --script benchmarks/compressed.py -- --sizes "$CSIZES" --json "$W/compressed_tree.json"
+  step compressed_loopback_2x2 ${BENCH_S:-110} $E_ALL "${C[@]}" --mode loopback \
+    --script benchmarks/compressed.py -- --sizes "$CSIZES" --json "$W/compressed_loopback.json"
+  { pytest_summary "$W/compressed_tests.log"
+    for f in capped_2x2 capped_2x2_tree loopback_2x2; do echo "== compressed_$f"
+      grep -E "^#|^ +[0-9]+ " "$W/compressed_$f.log" | tail -16; done; } > "$W/summary_body.txt" ;;
 kernels)
   step kernel_tests 200 python3 -m pytest -m gpu tests/test_kernels.py -p no:cacheprovider -v -rs
   step kernel_bench 120 python3 benchmarks/kernel_bench.py

@@ -7,9 +7,16 @@
 #            a private CUDA MPS daemon with
 #            RINGREDUCE_GPU_TOPOLOGIES=2x1,2x2,4x2 RR_MPS=1 for them to read, then the torch
 #            suite driver (python -m tests.torch_suite --device cuda; SUITE_K: a case regex)
-#   perf     capped 10 Gbit/s 2x2, 4x1, 4x2 (1M-256M by 4x, 16 x 25M buckets), loopback 2x2,
-#            then bf16 wire capped 2x2, 4x2, 4x1 (16M-256M); on >= 2 GPUs the faithful
-#            capped 2x2 too. Every table against both references (flat NCCL, two-level).
+#   perf     on >= 2 GPUs first the faithful capped 2x2 (1M-256M by 4x, 16 x 25M buckets) and
+#            its bf16 wire (16M-256M), then NCCL alone under NCCL_ALGO=allreduce:tree and
+#            allreduce:ring (bench --only-references --wire bfloat16: fp32 and bf16, one process
+#            each, since NCCL reads NCCL_ALGO once); then the one-GPU setting (every rank on
+#            GPU 0: intra-machine traffic as slow as the network): capped 10 Gbit/s 2x2, 4x1,
+#            4x2, loopback 2x2, bf16 wire capped 2x2 (and 4x2, 4x1: on >= 2 GPUs only with
+#            PERF_ONE_GPU_WIRE="2x2 4x2 4x1"); on one GPU the tree/ring runs go with the
+#            capped 2x2. Every table against flat NCCL, two-level and, with the bf16 wire,
+#            NCCL in bf16 (torch's bf16_compress_hook); the summary adds per row NCCL best
+#            (the fastest algorithm, named) and the best reference.
 #   faults   pytest -m gpu -k fault under MPS, then the capped link cut: 2x2 soak, machine
 #            1's link set down after CUT_S seconds; every rank must end with
 #            RingReduceError within RINGREDUCE_TIMEOUT
@@ -50,7 +57,9 @@ E_ALL="python3 benchmarks/emulate.py --physical-gpus $NGPU"
 CAP="--link-cap ${CAP:-10gbit}"
 # -n 3 timed iterations, 1 warm-up, 3 rounds, 1 exact check per round and implementation:
 # at 4x2, 256 MiB costs ~0.8 s per ringreduce call capped at 10 Gbit/s, and each size runs
-# 13 calls of each of 3 implementations; this keeps perf's seven runs inside 9 minutes.
+# 13 calls of each of 3 implementations; this keeps perf's runs inside 9 minutes (one GPU:
+# seven runs, 268 s on an H100 in run 19, plus two NCCL-only runs of ~30 s; two GPUs: four
+# faithful runs, ~130 s estimated, then five one-GPU runs, ~210 s).
 B=${BENCH_FLAGS:--n 3 -w 1 -r 3 -c 1}
 SIZES=${PERF_SIZES:--b 1M -e 256M -f 4}; WIRE_SIZES=${WIRE_SIZES:--b 16M -e 256M -f 4}
 BUCKETS=${PERF_BUCKETS:---extra-buckets 16}  # 16 x 25 MiB, DDP's bucket size
@@ -106,17 +115,32 @@ perf)
   # Shorter than a step's limit: a stall (run 58's capped 4x2 stood before its first call
   # for 150 s, results 2026-11-25-h100-one-program) ends as an error naming its place.
   export RINGREDUCE_TIMEOUT=${RINGREDUCE_TIMEOUT:-90}
+  # nccl_algos NAME EMULATE...: NCCL alone under each PERF_ALGOS algorithm, fp32 and bf16 at
+  # every size of the sweep and the buckets row, for the summary's NCCL best (~30 s each).
+  nccl_algos() {
+    local name=$1; shift
+    for algo in ${PERF_ALGOS:-tree ring}; do
+      step "${name}_nccl_$algo" 90 env NCCL_ALGO="allreduce:$algo" "$@" $CAP -- $SIZES $B \
+        $BUCKETS --wire bfloat16 --only-references --json "$W/${name}_nccl_$algo.json"
+    done
+  }
+  one_gpu_wire=${PERF_ONE_GPU_WIRE:-2x2 4x2 4x1}
+  if [ "$NGPU" -ge 2 ]; then  # a machine's two ranks on two GPUs: NVLink inside, NCCL sees 2 hosts
+    EMU=$E_ALL bench faithful_2x2 120 --machines 2 --gpus-per-machine 2 $CAP -- $SIZES $B $BUCKETS
+    EMU=$E_ALL bench faithful_wire_bf16_2x2 90 --machines 2 --gpus-per-machine 2 $CAP -- \
+      $WIRE_SIZES $B --wire bfloat16
+    nccl_algos faithful_2x2 $E_ALL --machines 2 --gpus-per-machine 2
+    one_gpu_wire=${PERF_ONE_GPU_WIRE:-2x2}  # the budget's share for the faithful runs
+  fi
   bench capped_2x2 120 --machines 2 --gpus-per-machine 2 $CAP -- $SIZES $B $BUCKETS
+  [ "$NGPU" -ge 2 ] || nccl_algos capped_2x2 $E --machines 2 --gpus-per-machine 2
   bench capped_4x1 120 --machines 4 --gpus-per-machine 1 $CAP -- $SIZES $B $BUCKETS
   bench capped_4x2 150 --machines 4 --gpus-per-machine 2 $CAP -- $SIZES $B $BUCKETS
   bench loopback_2x2 90 --machines 2 --gpus-per-machine 2 --mode loopback -- $SIZES $B $BUCKETS
-  for topo in 2x2 4x2 4x1; do
+  for topo in $one_gpu_wire; do
     bench "wire_bf16_$topo" 90 --machines "${topo%x*}" --gpus-per-machine "${topo#*x}" $CAP -- \
       $WIRE_SIZES $B --wire bfloat16
   done
-  if [ "$NGPU" -ge 2 ]; then  # a machine's two ranks on two GPUs: NVLink inside, NCCL sees 2 hosts
-    EMU=$E_ALL bench faithful_2x2 120 --machines 2 --gpus-per-machine 2 $CAP -- $SIZES $B $BUCKETS
-  fi
   python3 -m ringreduce.benchmark.summary "$W"/*.json --json "$R/perf.json" \
     ${PLOT[@]+"${PLOT[@]}" "$R/perf.png"} > "$W/summary_body.txt" 2>&1 ;;
 faults)

@@ -1,5 +1,6 @@
-"""The benchmark's launcher mapping and rendezvous, its flag checks, and the README's
-benchmark command end to end."""
+"""The benchmark's launcher mapping and rendezvous, its flag checks, the README's
+benchmark command end to end, and its references: NCCL in the wire dtype, NCCL under each
+algorithm (--only-references) and benchmark.summary's NCCL best."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,3 +105,79 @@ def test_benchmark_block_collectives_check_exactly(collective: str) -> None:
     assert [r["size"] for r in rows] == [64 << 10, 4 << 20]
     for row in rows:
         assert row["collective"] == collective and row["rr_wrong"] == row["ref_wrong"] == 0, row
+
+
+def test_wire_reference_and_nccl_best_merge_across_runs(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--wire bfloat16 adds NCCL (here gloo) in bf16, checked exactly; a second process set
+    under NCCL_ALGO with --only-references gives only references; benchmark.summary merges
+    both into NCCL best and the headline, naming the algorithm."""
+    from ringreduce import bench
+    from ringreduce.benchmark import summary
+
+    flags = ["-b", "4M", "-e", "4M", "-n", "1", "-w", "0", "-r", "1", "-c", "1",
+             "--wire", "bfloat16", "--link-gbit", "10"]
+    (row,) = bench.main([*flags, "--json", str(tmp_path / "main.json")])
+    assert row["route"] == "hierarchical" and row["wire_ref_wrong"] == 0, row
+    assert row["wire_ref_ratio"] == pytest.approx(row["wire_ref_time_us"] / row["rr_time_us"])
+    assert row["nccl_best_algo"] == "default" and row["nccl_best_time_us"] == row["ref_time_us"]
+    assert row["best_ref_ratio"] == pytest.approx(
+        min(row[f"{k}_time_us"] for k in ("ref", "two_level", "wire_ref")) / row["rr_time_us"])
+    monkeypatch.setenv("NCCL_ALGO", "allreduce:tree")
+    (refs,) = bench.main([*flags, "--only-references", "--json", str(tmp_path / "tree.json")])
+    assert refs["rr_time_us"] is None and refs["two_level_time_us"] is None
+    assert refs["ref_wrong"] == refs["wire_ref_wrong"] == 0 and refs["nccl_algo"] == "tree"
+    runs = summary.load([tmp_path / "main.json", tmp_path / "tree.json"])
+    summary.merge(runs)
+    merged = runs["main"]["rows"][0]
+    fastest = min((row["ref_time_us"], "default"), (refs["ref_time_us"], "tree"))
+    assert (merged["nccl_best_time_us"], merged["nccl_best_algo"]) == fastest
+    assert merged["best_ref"] is not None and merged["best_ref_ratio"] > 0
+    text = summary.table(runs)
+    assert "references only, 1 rows, 0 wrong" in text and "wire bfloat16" in text
+
+
+def _run(algo: str | None, **times: float | None) -> dict[str, Any]:
+    row = {"size": 16 << 20, "buckets": 1, "collective": "all_reduce", "type": "float",
+           "redop": "sum", "route": "hierarchical", "wire": "bfloat16", "rr_time_us": None,
+           "ref_time_us": None, "two_level_time_us": None, "wire_ref_time_us": None} | times
+    return {"meta": {"machines": 2, "devices": 2, "options": {"link_gbit": 10.0},
+                     "fidelity": "faithful", "nccl_env": {"NCCL_ALGO": algo} if algo else {}},
+            "rows": [row]}
+
+
+def test_summary_takes_the_fastest_nccl_per_row_and_the_best_reference() -> None:
+    """NCCL best is the fastest algorithm over runs of the same setting (the row's own run
+    for its own algorithm); the headline is the fastest of NCCL best, two-level and NCCL in
+    the wire dtype; a run of another fidelity does not count."""
+    from ringreduce.benchmark import summary
+
+    runs = {"main": _run(None, rr_time_us=100.0, ref_time_us=150.0, two_level_time_us=120.0,
+                         wire_ref_time_us=70.0),
+            "tree": _run("allreduce:tree", ref_time_us=105.0, wire_ref_time_us=60.0),
+            "ring": _run("ring", ref_time_us=140.0, wire_ref_time_us=80.0),
+            "default_elsewhere": _run(None, ref_time_us=50.0)}
+    other = _run("allreduce:tree", ref_time_us=10.0)
+    other["meta"]["fidelity"] = "one GPU"
+    runs["one_gpu_tree"] = other
+    summary.merge(runs)
+    row = runs["main"]["rows"][0]
+    assert (row["nccl_best_time_us"], row["nccl_best_algo"]) == (105.0, "tree")
+    assert (row["wire_ref_best_time_us"], row["wire_ref_best_algo"]) == (60.0, "tree")
+    assert (row["best_ref"], row["best_ref_ratio"]) == ("NCCL bfloat16 (tree)", 0.6)
+    runs["main"]["rows"][0]["wire_ref_time_us"] = None
+    runs["main"]["rows"][0]["wire"] = "-"
+    summary.merge(runs)
+    assert (row["best_ref"], row["best_ref_ratio"]) == ("NCCL tree", 1.05)
+
+
+def test_quantized_wire_rows_print_their_route() -> None:
+    from ringreduce.benchmark.options import build_parser
+    from ringreduce.benchmark.references import nccl_algo_label
+    from ringreduce.benchmark.report import route_label
+
+    assert build_parser("").parse_args(["--wire", "int4"]).wire == "int4"
+    assert [route_label(r) for r in ("hierarchical", "flat", "compressed int8", "-")] == \
+        ["hier", "flat", "int8", "-"]
+    assert [nccl_algo_label(v) for v in (None, "allreduce:tree;broadcast:ring", "Ring")] == \
+        ["default", "tree", "ring"]

@@ -1,6 +1,7 @@
-"""Bandwidth of ringreduce against two references in the same run, nccl-tests style:
-the process group's own collective (NCCL on GPUs, gloo on CPU) and the two-level
-composition a user writes with torch.distributed. All-reduce by default, or
+"""Bandwidth of ringreduce against its references in the same run, nccl-tests style:
+the process group's own collective (NCCL on GPUs, gloo on CPU), the two-level
+composition a user writes with torch.distributed, and with a 16-bit ``--wire`` the
+tensor all-reduced in that dtype (torch's bf16_compress_hook). All-reduce by default, or
 ``--collective reduce_scatter|all_gather`` (size = the whole tensor: the input of a
 reduce-scatter, the output of an all-gather, as in nccl-tests; flat reference only).
 
@@ -12,7 +13,10 @@ reduce-scatter, the output of an all-gather, as in nccl-tests; flat reference on
 Per size and round, ringreduce's timed loop runs, then each reference's, on the same
 buffers. The process exits with status 1 when any implementation got any element
 wrong. On one host, ``--machines K`` splits the ranks into K virtual machines; for
-separate NCCL hosts and capped links use benchmarks/emulate.py.
+separate NCCL hosts and capped links use benchmarks/emulate.py. NCCL reads NCCL_ALGO once
+per process: run again under ``NCCL_ALGO=allreduce:tree`` (and ``ring``) with
+``--only-references`` and merge the JSON files with ``python -m ringreduce.benchmark.summary``,
+which takes the fastest NCCL per row as "NCCL best" (benchmarks/gpu.sh perf does).
 """
 
 from __future__ import annotations
@@ -64,6 +68,10 @@ def run_info(b: Bench, hosts: int) -> RunInfo:
         notes.append("CPU run: every side runs over gloo on shared cores; these numbers "
                      "prove the plumbing (routes, exact results), not speed. Speed is "
                      "measured on GPUs.")
+    if b.args.only_references:
+        notes.append(f"references only (--only-references): ringreduce and the two-level "
+                     f"reference not run; these rows give {b.backend} under NCCL_ALGO "
+                     f"{b.nccl_algo!r} to benchmark.summary's NCCL best")
     if topo.machines == 1:
         notes.append("one machine detected: the hierarchy cannot run, so every row "
                      f"compares {b.backend} with {b.backend} (ringreduce's flat route). "
@@ -105,8 +113,9 @@ def bench_rank(args: argparse.Namespace, launch: Launch,
         dist.all_gather_object(hosts, host_identity())
         groups = references.make_groups(comm.topology) if args.collective == "all_reduce" \
             else None
+        algo = references.nccl_algo_label(nccl_variables().get("NCCL_ALGO"))
         b = Bench(args, comm, launch, dist.get_backend(), device,
-                  options.DTYPES[args.datatype], options.OPS[args.op], groups)
+                  options.DTYPES[args.datatype], options.OPS[args.op], groups, algo)
         rows = run_sweep(b, run_info(b, len(set(hosts))))
         if args.host_profile:
             host_profile(b, args.host_profile)

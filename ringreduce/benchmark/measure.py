@@ -1,4 +1,4 @@
-"""One row of the benchmark: ringreduce and both references (references.py) on the
+"""One row of the benchmark: ringreduce and its references (references.py) on the
 same buffers, interleaved per round, so drift in the network or clocks hits all alike.
 
 A round's time is the slowest rank's (the collective ends when its last rank does);
@@ -26,9 +26,11 @@ from . import references
 from .launch import Launch
 from .options import WIRES
 from .references import Pair, Reduce
+from .report import headline
 
-#: Row key prefixes, in table order: ringreduce, the flat reference, the two-level one.
-IMPLS = ("rr", "ref", "two_level")
+#: Row key prefixes, in table order: ringreduce, the flat reference, the two-level one,
+#: the flat one in a 16-bit wire dtype (--wire bfloat16/float16 only).
+IMPLS = ("rr", "ref", "two_level", "wire_ref")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Bench:
     op: dist.ReduceOp.RedOpType
     groups: references.Groups | None
     """Machine and rail groups of the two-level reference (all-reduce only)."""
+    nccl_algo: str = "default"
+    """NCCL_ALGO's all-reduce algorithm in this process (references.nccl_algo_label)."""
 
 
 def inputs(count: int, rank: int, b: Bench) -> torch.Tensor:
@@ -101,15 +105,19 @@ def ringreduce_fn(b: Bench) -> Reduce:
 
 
 def implementations(b: Bench, bufs: list[Pair]) -> dict[str, Reduce | None]:
-    """ringreduce, the flat reference, and the two-level one (None where it does not
-    apply: the block collectives)."""
-    avg_by_division = b.args.op == "avg" and b.backend != "nccl"
-    n = b.launch.world_size
-    two = None if b.groups is None or b.args.collective != "all_reduce" \
+    """ringreduce, the flat reference, the two-level one and the wire-dtype one (None
+    where it does not apply: two-level and wire_ref to all-reduces only, wire_ref to a
+    16-bit --wire; with --only-references the flat ones alone)."""
+    a, n = b.args, b.launch.world_size
+    avg_by_division = a.op == "avg" and b.backend != "nccl"
+    all_reduce = a.collective == "all_reduce"
+    two = None if b.groups is None or not all_reduce or a.only_references \
         else references.two_level(b.groups, b.op, n, bufs)
-    return {"rr": ringreduce_fn(b),
-            "ref": references.flat(b.args.collective, b.op, avg_by_division, n),
-            "two_level": two}
+    wire = None if a.wire not in WIRES or not all_reduce or b.dtype != torch.float32 \
+        else references.wire_flat(WIRES[a.wire], b.op, avg_by_division, n, bufs)
+    return {"rr": None if a.only_references else ringreduce_fn(b),
+            "ref": references.flat(a.collective, b.op, avg_by_division, n),
+            "two_level": two, "wire_ref": wire}
 
 
 def route_of(comm: ringreduce.Communicator) -> str:
@@ -185,11 +193,11 @@ def measure(b: Bench, size: int, buckets: int) -> dict[str, Any]:
     # (implementation, round, [device, host, cpu]); wrong per implementation
     stats = torch.zeros(len(live), a.rounds, 3, dtype=torch.float64)
     wrong = torch.zeros(len(live), dtype=torch.int64)
-    route = "unknown"
+    route = "-" if a.only_references else "unknown"
+    tols = {"rr": max(tol, quantized_tolerance(b)), "wire_ref": wire_tolerance(b, tol)}
     for r in range(a.rounds):
         for i, (name, reduce) in enumerate(live):
-            wrong[i] += check_loop(reduce, bufs, pattern, want, a.check,
-                                   max(tol, quantized_tolerance(b)) if name == "rr" else tol)
+            wrong[i] += check_loop(reduce, bufs, pattern, want, a.check, tols.get(name, tol))
             for t, _ in bufs:
                 t.copy_(pattern)  # keep SUM from overflowing to inf/NaN while timed
             stats[i, r] = torch.tensor(time_loop(reduce, bufs, a.iters, cuda))
@@ -229,6 +237,9 @@ def make_row(b: Bench, count: int, buckets: int, route: str, names: list[str],
     # ringreduce's own bound counts the bytes it puts on the link: a 16-bit wire halves
     # them, so its efficiency stays <= 1 and says how close it runs to its own floor.
     rr_min = t_min * wire_fraction(b, route) if t_min else 0.0
+    # The wire-dtype reference puts the wire dtype's bytes on the link: its own floor too.
+    floors = {"rr": rr_min, "wire_ref": t_min * WIRES[a.wire].itemsize / b.dtype.itemsize
+              if t_min and a.wire in WIRES else 0.0}
     for name in IMPLS:
         row |= {f"{name}_{k}": None for k in ("time_us", "host_us", "cpu_us", "algbw",
                                               "busbw", "wrong", "link_eff")}
@@ -239,13 +250,19 @@ def make_row(b: Bench, count: int, buckets: int, route: str, names: list[str],
                 buckets, f"{name}_cpu_us": float(cpu[i]) * 1e6 / buckets,
                 f"{name}_algbw": algbw, f"{name}_busbw": algbw * passes * (n - 1) / n,
                 f"{name}_wrong": wrong[i],
-                f"{name}_link_eff": (rr_min if name == "rr" else t_min) / sec
+                f"{name}_link_eff": floors.get(name, t_min) / sec
                 if t_min else None}
     rr = row["rr_time_us"]
-    row["ratio"] = row["ref_time_us"] / rr
-    row["two_level_ratio"] = None if row["two_level_time_us"] is None \
-        else row["two_level_time_us"] / rr
-    return row
+    for key, ref in (("ratio", "ref"), ("two_level_ratio", "two_level"),
+                     ("wire_ref_ratio", "wire_ref")):
+        row[key] = None if rr is None or row[f"{ref}_time_us"] is None \
+            else row[f"{ref}_time_us"] / rr
+    # This process's NCCL under its own NCCL_ALGO; benchmark.summary merges the runs
+    # under the other algorithms into these keys.
+    row |= {"nccl_algo": b.nccl_algo, "nccl_best_time_us": row["ref_time_us"],
+            "nccl_best_algo": b.nccl_algo, "wire_ref_best_time_us": row["wire_ref_time_us"],
+            "wire_ref_best_algo": b.nccl_algo if row["wire_ref_time_us"] else None}
+    return row | headline(row)
 
 
 def wire_fraction(b: Bench, route: str) -> float:
@@ -257,6 +274,15 @@ def wire_fraction(b: Bench, route: str) -> float:
     if b.args.wire in WIRES and route == "hierarchical" and b.dtype == torch.float32:
         return WIRES[b.args.wire].itemsize / b.dtype.itemsize
     return 1.0
+
+
+def wire_tolerance(b: Bench, tol: float) -> float:
+    """The wire-dtype reference's: exact for SUM, MAX, MIN of small integers (the sums stay
+    within 3N, exact in bf16 and fp16 for the worlds inputs() allows); AVG's x / N rounds
+    once in the wire dtype."""
+    if b.args.wire not in WIRES or b.args.op != "avg":
+        return tol
+    return max(tol, 4 * torch.finfo(WIRES[b.args.wire]).eps)
 
 
 def quantized_tolerance(b: Bench) -> float:

@@ -15,7 +15,12 @@ OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG,
        "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 DTYPES = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16,
           "double": torch.float64, "int32": torch.int32, "int64": torch.int64}
+#: The 16-bit wires: float32 cast to this dtype on the network hop. NCCL can all-reduce
+#: the same tensor in it (torch's bf16/fp16_compress_hook), the ``wire_ref`` reference.
 WIRES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The quantized wires (execution/quant.py FORMATS): blocks of 8 or 4 bits and a scale,
+#: on ringreduce's compressed route; NCCL has no such all-reduce to compare with.
+QUANTIZED_WIRES = ("int8", "fp8", "int4")
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
 #: CPU defaults. 4 gloo ranks on 2 cores take ~10-40 ms per MiB-sized call, so the
@@ -48,12 +53,20 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     add("--staging-bytes", type=parse_size)
     add("--min-bytes", type=parse_size,
         help="below this ringreduce takes the flat route (default: the library's, 2M)")
-    add("--wire", choices=WIRES, help="float32 crosses the network hop in this format")
+    add("--wire", choices=(*WIRES, *QUANTIZED_WIRES),
+        help="float32 crosses the network hop in this format; with a 16-bit one the row "
+             "also times NCCL's all-reduce of the tensor cast to it (torch's "
+             "bf16_compress_hook)")
     add("--buckets", type=int, default=1, help="back-to-back async all-reduces per iteration")
     add("--extra-buckets", type=int, default=0, metavar="K",
         help="after the sweep, one more row: K back-to-back calls of --bucket-bytes each")
     add("--bucket-bytes", type=parse_size, default=25 << 20,
         help="size of each --extra-buckets call (default 25M, DDP's bucket)")
+    add("--only-references", action="store_true",
+        help="time only NCCL's (the backend's) own collective, and its wire-dtype all-reduce "
+             "with a 16-bit --wire: the cheap run under NCCL_ALGO=allreduce:tree (or ring) "
+             "whose rows benchmark.summary merges into NCCL best (NCCL reads NCCL_ALGO once "
+             "per process)")
     add("--link-gbit", type=float, help="per-machine link speed, for link efficiency")
     add("--fidelity", help="what the emulation stands for (emulate.py fills it in); "
                            "printed in the header")
@@ -88,6 +101,9 @@ def validate(args: argparse.Namespace, launch: Launch, cuda: bool) -> None:
         raise SystemExit(f"-e {args.maxbytes} < -b {args.minbytes}: swap them")
     if args.wire and args.datatype != "float":
         raise SystemExit(f"--wire {args.wire} applies to float32 only; drop it or use -d float")
+    if args.only_references and args.plot:
+        raise SystemExit("--plot draws ringreduce against its references; --only-references "
+                         "runs no ringreduce: drop --plot (benchmark.summary plots the merge)")
     if args.collective != "all_reduce" and (args.extra_buckets or args.buckets > 1):
         raise SystemExit("--buckets/--extra-buckets time all-reduces; drop them with "
                          f"--collective {args.collective}")

@@ -1,4 +1,4 @@
-"""The two references every row is measured against, in the same processes.
+"""The references every row is measured against, in the same processes.
 
 * ``flat``: the process group's own collective (NCCL's all-reduce on GPUs, gloo's on
   CPU) on the whole group: what a user gets without ringreduce.
@@ -7,6 +7,13 @@
   (the same device index on every machine), all-gather inside the machine; the tensor
   padded to a multiple of the devices per machine. It is what ringreduce's pipeline
   must beat to be worth its code.
+* ``wire_ref`` (with a 16-bit ``--wire``): what torch's ``bf16_compress_hook`` (and
+  ``fp16_compress_hook``) does to a bucket: cast to the wire dtype, all-reduce it there with
+  the process group's collective, cast back. The user's cheapest compressed all-reduce.
+
+NCCL under each algorithm (``NCCL_ALGO``) is one more reference, but NCCL reads the variable
+once per process: ``--only-references`` runs under it apart, and benchmark.summary takes the
+fastest per row as "NCCL best" (:func:`nccl_algo_label` names each run's).
 
 gloo has no AVG, so on gloo both references run SUM and then divide (trunc for
 integers, as NCCL does): a documented stand-in. The two-level reference does the same
@@ -51,6 +58,42 @@ def flat(collective: str, op: dist.ReduceOp.RedOpType, avg_by_division: bool, wo
             for _, t in bufs:
                 divide(t, world)
     return run
+
+
+def wire_flat(wire: torch.dtype, op: dist.ReduceOp.RedOpType, avg_by_division: bool,
+              world: int, bufs: list[Pair]) -> Reduce:
+    """The tensor cast to ``wire``, all-reduced there, cast back (casts timed, as the hook
+    pays them). The wire copies are made here, once, so the timed loop measures the
+    casts and the collective, not allocation."""
+    red = dist.ReduceOp.SUM if avg_by_division else op
+    scratch = [torch.empty(t.shape, dtype=wire, device=t.device) for _, t in bufs]
+
+    def run(run_bufs: list[Pair]) -> None:
+        works = []
+        for (_, t), w in zip(run_bufs, scratch, strict=True):
+            w.copy_(t)
+            works.append(dist.all_reduce(w, op=red, async_op=len(run_bufs) > 1))
+        for work, (_, t), w in zip(works, run_bufs, scratch, strict=True):
+            if work is not None:
+                work.wait()
+            t.copy_(w)
+            if avg_by_division:
+                divide(t, world)
+    return run
+
+
+def nccl_algo_label(value: str | None) -> str:
+    """NCCL_ALGO's all-reduce part, as rows name it: unset -> "default";
+    "allreduce:tree;broadcast:ring" -> "tree"; "Ring" -> "ring"."""
+    if not value:
+        return "default"
+    parts = [p.strip() for p in value.split(";") if p.strip()]
+    for part in parts:
+        name, sep, algos = part.partition(":")
+        if sep and name.strip().lower() == "allreduce":
+            return algos.strip().lower()
+    plain = [p for p in parts if ":" not in p]
+    return plain[0].lower() if plain else "default"
 
 
 def divide(t: torch.Tensor, n: int) -> None:

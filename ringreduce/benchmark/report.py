@@ -18,7 +18,34 @@ _COLUMNS = (("time(us)", "time_us", 10, ".1f"), ("host(us)", "host_us", 8, ".1f"
             ("cpu(us)", "cpu_us", 8, ".0f"), ("busbw", "busbw", 6, ".2f"),
             ("#wrong", "wrong", 6, ""))
 _IMPLS = (("rr", "ringreduce"), ("ref", "flat"), ("two_level", "two-level"))
+_WIRE_REF = ("wire_ref", "flat in the wire dtype")
+#: --wire values whose rows carry the wire-dtype reference (options.WIRES; this module
+#: imports nothing of the benchmark).
+WIRE_REF_WIRES = ("bfloat16", "float16")
 FLAT_NOTE = "same library (flat route)"
+
+
+def route_label(route: str) -> str:
+    """The table's route cell: hier, flat, the quantized wire ("compressed int8" ->
+    "int8"), or "-" (no ringreduce in the run)."""
+    return {"hierarchical": "hier", "flat": "flat"}.get(route, route.removeprefix("compressed "))
+
+
+def headline(row: dict[str, Any]) -> dict[str, Any]:
+    """``best_ref``: the fastest reference of the row: NCCL best (``nccl_best_algo``), the
+    two-level composition, NCCL in the wire dtype (torch's bf16_compress_hook);
+    ``best_ref_ratio``: its time / ringreduce's time (> 1: ringreduce faster; None
+    without a ringreduce time)."""
+    times = {f"NCCL {row.get('nccl_best_algo')}": row.get("nccl_best_time_us"),
+             "two-level": row.get("two_level_time_us"),
+             f"NCCL {row.get('wire')} ({row.get('wire_ref_best_algo')})":
+                 row.get("wire_ref_best_time_us")}
+    known = {name: t for name, t in times.items() if t}
+    if not known:
+        return {"best_ref": None, "best_ref_ratio": None}
+    name = min(known, key=known.__getitem__)
+    rr = row.get("rr_time_us")
+    return {"best_ref": name, "best_ref_ratio": known[name] / rr if rr else None}
 
 
 @dataclass(frozen=True)
@@ -39,10 +66,19 @@ class RunInfo:
     notes: list[str] = field(default_factory=list)
 
 
+def _impls(wire: str | None) -> tuple[tuple[str, str], ...]:
+    return (*_IMPLS, _WIRE_REF) if wire in WIRE_REF_WIRES else _IMPLS
+
+
 def header(info: RunInfo, a: argparse.Namespace) -> str:
     ref = info.backend + ("(sum+div)" if a.op == "avg" and info.backend != "nccl" else "")
     link = f"{a.link_gbit:g} Gbit/s per machine" if a.link_gbit else "not given (--link-gbit)"
     sub = "".join(f" {h:>{w}}" for h, _, w, _ in _COLUMNS)
+    impls = _impls(a.wire)
+    wire_ref = (f"; flat in the wire dtype = the tensor cast to {a.wire}, {ref}'s all_reduce, "
+                "cast back (torch's bf16_compress_hook); wire = its time / ringreduce time"
+                if a.wire in WIRE_REF_WIRES
+                else "")
     nccl = " ".join(f"{k}={v}" for k, v in info.nccl_env.items()) or "(none)"
     lines = [
         f"# ringreduce.bench  world {info.world} = {info.machines} "
@@ -56,35 +92,44 @@ def header(info: RunInfo, a: argparse.Namespace) -> str:
         f"# references in the same run, interleaved per round: flat = {ref}'s {a.collective} "
         "on the whole group; two-level = torch.distributed reduce_scatter_tensor in the "
         "machine, all_reduce on the rail, all_gather_into_tensor in the machine "
-        "(unpipelined, padded to a multiple of the devices; all_reduce only)",
+        f"(unpipelined, padded to a multiple of the devices; all_reduce only){wire_ref}",
         "# ratio = flat time / ringreduce time, 2lvl = two-level time / ringreduce time "
-        f"(> 1: ringreduce faster); \"{FLAT_NOTE}\": ringreduce routed the call to the "
+        f"(> 1: ringreduce faster); best = the fastest reference's time / ringreduce time, "
+        f"naming it (this process's NCCL runs under NCCL_ALGO "
+        f"{info.nccl_env.get('NCCL_ALGO', 'unset: its default')}; benchmark.summary merges "
+        f"the other algorithms' runs); \"{FLAT_NOTE}\": ringreduce routed the call to the "
         "flat reference's own collective, so no ratio is claimed",
         "# time: device time per iteration, median over rounds of the slowest rank; "
         "host: caller time per call; cpu: process CPU time per call (all threads), mean "
         "over ranks; busbw in GB/s; route: ringreduce's, from its flight record",
         *(f"# NOTE: {n}" for n in info.notes),
         f"# NCCL env: {nccl}",
-        f"#{'':>32}" + "".join(f" {label:<{len(sub)}}" for _, label in _IMPLS),
-        f"#{'size':>11} {'type':>8} {'redop':>5} {'route':>5}" + f" {sub}" * 3
-        + f"  {'ratio':>6} {'2lvl':>6}" + ("  link efficiency rr / flat / 2lvl"
-                                           if a.link_gbit else ""),
+        f"#{'':>32}" + "".join(f" {label:<{len(sub)}}" for _, label in impls),
+        f"#{'size':>11} {'type':>8} {'redop':>5} {'route':>5}" + f" {sub}" * len(impls)
+        + f"  {'ratio':>6} {'2lvl':>6}" + (f" {'wire':>6}" if len(impls) > 3 else "")
+        + f" {'best':>6} {'(which)':<10}"
+        + (f"  link efficiency {' / '.join(k for k, _ in impls)}" if a.link_gbit else ""),
     ]
     return "\n".join(lines)
 
 
 def format_row(row: dict[str, Any]) -> str:
-    route = {"hierarchical": "hier", "flat": "flat"}.get(row["route"], "?")
-    text = f"{row['size']:>12} {row['type']:>8} {row['redop']:>5} {route:>5}"
-    for name, _ in _IMPLS:
-        text += " " + "".join(f" {_cell(row[f'{name}_{key}'], f):>{w}}"
+    impls = _impls(row.get("wire"))
+    text = f"{row['size']:>12} {row['type']:>8} {row['redop']:>5} {route_label(row['route']):>5}"
+    for name, _ in impls:
+        text += " " + "".join(f" {_cell(row.get(f'{name}_{key}'), f):>{w}}"
                               for _, key, w, f in _COLUMNS)
     if row["route"] == "flat":
         text += f"  {FLAT_NOTE}"
     else:
         text += f"  {_cell(row['ratio'], '.2f'):>6} {_cell(row['two_level_ratio'], '.2f'):>6}"
-    if "rr_link_eff" in row and any(row[f"{n}_link_eff"] is not None for n, _ in _IMPLS):
-        text += "  " + " ".join(f"{_cell(row[f'{n}_link_eff'], '.2f'):>5}" for n, _ in _IMPLS)
+        if len(impls) > 3:
+            text += f" {_cell(row.get('wire_ref_ratio'), '.2f'):>6}"
+        text += (f" {_cell(row.get('best_ref_ratio'), '.2f'):>6} "
+                 f"{row.get('best_ref') or '-':<10}")
+    if "rr_link_eff" in row and any(row.get(f"{n}_link_eff") is not None for n, _ in impls):
+        text += "  " + " ".join(f"{_cell(row.get(f'{n}_link_eff'), '.2f'):>5}"
+                                for n, _ in impls)
     if row["buckets"] > 1:
         text += f"  ({row['buckets']} buckets)"
     return text
@@ -99,7 +144,9 @@ def meta(info: RunInfo, a: argparse.Namespace) -> dict[str, Any]:
             "argv": sys.argv[1:], **{k: v for k, v in asdict(info).items()},
             "devices_per_machine": info.devices, "options": vars(a),
             "ratio": "flat time / ringreduce time",
-            "two_level_ratio": "two-level time / ringreduce time"}
+            "two_level_ratio": "two-level time / ringreduce time",
+            "wire_ref_ratio": "flat time in the wire dtype (bf16_compress_hook) / ringreduce time",
+            "best_ref_ratio": "the fastest reference's time (best_ref) / ringreduce time"}
 
 
 def write_outputs(info: RunInfo, a: argparse.Namespace, rows: list[dict[str, Any]],

@@ -6,6 +6,16 @@ One line per row of every run: the run (file name), its topology and setting, th
 (or K x size for a row of buckets), ringreduce's route and time, its ratio against
 each reference (> 1: ringreduce faster; none on the flat route), link efficiencies,
 and every wrong element. benchmarks/gpu.sh prints it last.
+
+NCCL reads NCCL_ALGO once per process, so NCCL under each algorithm is a run of its own
+(``--only-references`` under ``NCCL_ALGO=allreduce:tree``, ...). Per row the merge takes the
+fastest NCCL over the runs of the same setting (topology, link, fidelity) at the same size,
+buckets and operation as "NCCL best" (``nccl_best_time_us``, ``nccl_best_algo``; the row's own
+run for its own algorithm, the others for theirs), likewise NCCL in the wire dtype for 16-bit
+wires (``wire_ref_best_*``), and the headline ``best_ref`` / ``best_ref_ratio``: the fastest of
+NCCL best, the two-level composition and the wire-dtype NCCL, against ringreduce. Those
+references come from other processes than ringreduce's (the only way to run NCCL under
+another algorithm); the row's own run still has NCCL default interleaved with it.
 """
 
 from __future__ import annotations
@@ -15,7 +25,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .report import FLAT_NOTE, size_label
+from .references import nccl_algo_label
+from .report import FLAT_NOTE, headline, route_label, size_label
+
+_ALGO_KEYS = {"ref": ("nccl_best_time_us", "nccl_best_algo"),
+              "wire_ref": ("wire_ref_best_time_us", "wire_ref_best_algo")}
 
 
 def load(paths: list[Path]) -> dict[str, dict[str, Any]]:
@@ -27,22 +41,84 @@ def load(paths: list[Path]) -> dict[str, dict[str, Any]]:
 
 
 def setting(meta: dict[str, Any]) -> str:
-    """capped <rate> / loopback / other, plus the wire format when not the tensor's."""
+    """capped <rate> / loopback / other, plus the wire format when not the tensor's, plus
+    the NCCL algorithm when forced."""
+    opts = meta["options"]
+    algo = algo_of(meta)
+    return (link_of(meta) + (f" wire {opts['wire']}" if opts.get("wire") else "")
+            + ("" if algo == "default" else f" nccl {algo}"))
+
+
+def link_of(meta: dict[str, Any]) -> str:
     opts, fid = meta["options"], meta.get("fidelity", "")
-    link = f"capped {opts['link_gbit']:g}G" if opts.get("link_gbit") else \
+    return f"capped {opts['link_gbit']:g}G" if opts.get("link_gbit") else \
         "loopback" if "no link cap (all on lo" in fid else "uncapped"
-    return link + (f" wire {opts['wire']}" if opts.get("wire") else "")
+
+
+def algo_of(meta: dict[str, Any]) -> str:
+    return nccl_algo_label(meta.get("nccl_env", {}).get("NCCL_ALGO"))
+
+
+def _group(meta: dict[str, Any], row: dict[str, Any]) -> tuple[Any, ...]:
+    """Rows that measure the same NCCL call: same setting (topology, link, fidelity: the
+    faithful and the one-GPU 2x2 differ only there) and the same call."""
+    return (meta["machines"], meta["devices"], link_of(meta), meta.get("fidelity", ""),
+            row["size"], row["buckets"], row.get("collective"), row.get("type"),
+            row.get("redop"))
+
+
+def merge(runs: dict[str, dict[str, Any]]) -> None:
+    """Fill every ringreduce row's NCCL best, wire-dtype NCCL best and headline from all
+    runs (in place; rows of --only-references runs only give)."""
+    found: dict[tuple[Any, ...], list[tuple[str, str, str, float]]] = {}
+    for name, run in runs.items():
+        algo = algo_of(run["meta"])
+        for row in run["rows"]:
+            for impl in _ALGO_KEYS:
+                if row.get(f"{impl}_time_us"):
+                    found.setdefault(_group(run["meta"], row), []).append(
+                        (name, impl if impl == "ref" else f"wire_ref {row.get('wire')}", algo,
+                         row[f"{impl}_time_us"]))
+    for name, run in runs.items():
+        own = algo_of(run["meta"])
+        for row in run["rows"]:
+            if row.get("rr_time_us") is None:
+                continue
+            for impl, (time_key, algo_key) in _ALGO_KEYS.items():
+                kind = impl if impl == "ref" else f"wire_ref {row.get('wire')}"
+                best = _fastest(found.get(_group(run["meta"], row), []), kind, name, own)
+                row[time_key], row[algo_key] = best if best else (None, None)
+            row |= headline(row)
+
+
+def _fastest(seen: list[tuple[str, str, str, float]], kind: str, run: str,
+             own: str) -> tuple[float, str] | None:
+    """The fastest (time, algorithm) of ``kind``: the row's own run for its own algorithm,
+    any run for the others."""
+    times = [(t, algo) for name, k, algo, t in seen
+             if k == kind and (algo != own or name == run)]
+    return min(times) if times else None
 
 
 def table(runs: dict[str, dict[str, Any]]) -> str:
+    """The merged table (call :func:`merge` first): one line per ringreduce row; a
+    comment line per --only-references run."""
     head = (f"{'run':<18} {'topo':>5} {'setting':<22} {'size':>9} {'route':>5} "
-            f"{'rr ms':>9} {'vs flat':>8} {'vs 2lvl':>8} {'eff rr':>6} {'eff flat':>8} "
-            f"{'wrong':>5}")
-    lines = ["# ratio = reference time / ringreduce time (> 1: ringreduce faster); "
-             "eff = link efficiency (T_min / t)", head]
+            f"{'rr ms':>9} {'vs flat':>8} {'vs 2lvl':>8} {'vs NCCL best':>17} "
+            f"{'vs best ref':>24} {'eff rr':>6} {'eff flat':>8} {'wrong':>5}")
+    lines = ["# ratio = reference time / ringreduce time (> 1: ringreduce faster); vs flat: "
+             "NCCL in the same run; NCCL best: the fastest NCCL_ALGO over the runs of the "
+             "setting; best ref: the fastest of NCCL best, two-level and NCCL in the wire "
+             "dtype (bf16_compress_hook); eff = link efficiency (T_min / t)", head]
     for name, run in runs.items():
         meta = run["meta"]
         topo = f"{meta['machines']}x{meta['devices']}"
+        if all(row.get("rr_time_us") is None for row in run["rows"]):
+            wrong = sum(row.get(f"{k}_wrong") or 0 for row in run["rows"]
+                        for k in _ALGO_KEYS)
+            lines.append(f"# {name}: {topo} {setting(meta)}: references only, "
+                         f"{len(run['rows'])} rows, {wrong} wrong")
+            continue
         for row in run["rows"]:
             lines.append(_line(name, topo, setting(meta), row))
     return "\n".join(lines)
@@ -52,13 +128,18 @@ def _line(name: str, topo: str, where: str, row: dict[str, Any]) -> str:
     size = size_label(row["size"])
     if row["buckets"] > 1:
         size = f"{row['buckets']}x{size}"
-    route = {"hierarchical": "hier", "flat": "flat"}.get(row["route"], "?")
-    wrong = sum(row.get(f"{k}_wrong") or 0 for k in ("rr", "ref", "two_level"))
-    text = f"{name:<18} {topo:>5} {where:<22} {size:>9} {route:>5} {row['rr_time_us'] / 1e3:>9.2f}"
+    wrong = sum(row.get(f"{k}_wrong") or 0 for k in ("rr", "ref", "two_level", "wire_ref"))
+    text = (f"{name:<18} {topo:>5} {where:<22} {size:>9} {route_label(row['route']):>5} "
+            f"{row['rr_time_us'] / 1e3:>9.2f}")
     if row["route"] == "flat":
-        text += f" {FLAT_NOTE:>17}"
+        text += f" {FLAT_NOTE:>17} {'':>17} {'':>24}"
     else:
-        text += f" {_fmt(row['ratio']):>8} {_fmt(row.get('two_level_ratio')):>8}"
+        best = row.get("nccl_best_time_us")
+        nccl = f"{_fmt(best / row['rr_time_us'] if best else None)} " \
+               f"{row.get('nccl_best_algo') or '':<7}"
+        ref = f"{_fmt(row.get('best_ref_ratio'))} {row.get('best_ref') or '':<19}"
+        text += (f" {_fmt(row['ratio']):>8} {_fmt(row.get('two_level_ratio')):>8} "
+                 f"{nccl:>17} {ref:>24}")
     return text + (f" {_fmt(row.get('rr_link_eff')):>6} {_fmt(row.get('ref_link_eff')):>8}"
                    f" {wrong:>5}")
 
@@ -74,6 +155,8 @@ def plot(runs: dict[str, dict[str, Any]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    runs = {k: r for k, r in runs.items()
+            if any(row.get("rr_time_us") is not None for row in r["rows"])}
     n = max(1, len(runs))
     cols = min(3, n)
     lines = (n + cols - 1) // cols
@@ -84,6 +167,9 @@ def plot(runs: dict[str, dict[str, Any]], path: str) -> None:
         ax.plot(sizes, [r["ratio"] for r in rows], marker="s", label="vs flat")
         if any(r.get("two_level_ratio") for r in rows):
             ax.plot(sizes, [r["two_level_ratio"] for r in rows], marker="^", label="vs two-level")
+        if any(r.get("best_ref_ratio") for r in rows):
+            ax.plot(sizes, [r["best_ref_ratio"] for r in rows], marker="o", color="black",
+                    label="vs best reference")
         ax.axhline(1.0, color="grey", linewidth=1)
         meta = run["meta"]
         ax.set_title(f"{name}: {meta['machines']}x{meta['devices']} {setting(meta)}\n"
@@ -110,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--plot", help="write the ratio panels here (PNG)")
     args = p.parse_args(argv)
     runs = load(args.runs)
+    merge(runs)
     print(table(runs) if runs else "# no benchmark JSON to summarise")
     if args.json:
         with open(args.json, "w") as f:

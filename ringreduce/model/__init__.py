@@ -3,15 +3,17 @@
 Pure planning-side code (stdlib only; matplotlib for ``--plot``): it replays the plan the
 engine runs (layout, schedule, the slice-size rule) against alpha-beta stage costs and a
 host cost per call and per slice (:mod:`.simulate`), prices NCCL's ring and tree with
-NCCL's own cost model (:mod:`.nccl_cost`), and fits its costs to the committed benchmark
-results (:mod:`.calibrate`, :mod:`.validate`). ``python -m ringreduce.model --help``.
+NCCL's own cost model (:mod:`.nccl_cost`: the tuner's pick, the tree as it runs), and fits
+its costs to the committed benchmark results (:mod:`.calibrate`, :mod:`.validate`), then
+checks the faithful measurements with nominal costs (:mod:`.faithful`).
+``python -m ringreduce.model --help``.
 """
 
 from __future__ import annotations
 
 from .cluster import PRESETS, Cluster
-from .nccl_cost import link_bound_us, nccl_time_us, ring_time_us, tree_time_us
+from .nccl_cost import link_bound_us, nccl_best_us, nccl_time_us, ring_time_us, tree_time_us
 from .simulate import Options, ringreduce_time_us
 
-__all__ = ["PRESETS", "Cluster", "Options", "link_bound_us", "nccl_time_us",
+__all__ = ["PRESETS", "Cluster", "Options", "link_bound_us", "nccl_best_us", "nccl_time_us",
            "ring_time_us", "ringreduce_time_us", "tree_time_us"]

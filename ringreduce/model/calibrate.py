@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .cluster import MEASURED_HOST_CALL_US, MEASURED_HOST_SLICE_US, Cluster
-from .nccl_cost import nccl_time_us
-from .results import Sample
+from .nccl_cost import nccl_time_us, ring_time_us, tree_time_us
+from .results import Sample, nccl_algo_of
 from .simulate import Options, steady_time_us
 
 #: Weight of the pull towards the prior, per cost, in squared log units: a cost moves
@@ -75,10 +75,13 @@ def options_for(sample: Sample) -> Options:
 
 
 def predict(sample: Sample, costs: Costs) -> tuple[float, float]:
-    """(ringreduce, NCCL) per-iteration time of the sample's run, microseconds."""
+    """(ringreduce, NCCL) per-iteration time of the sample's run, microseconds; NCCL under
+    the algorithm the run's NCCL_ALGO forced, else the one its tuner picks."""
     c, o = cluster_for(sample, costs), options_for(sample)
     rr = steady_time_us(sample.size, c, o, sample.buckets, sample.iters)
-    ref = sample.buckets * max(nccl_time_us(sample.size, c), NCCL_HOST_US)
+    nccl = {"tree": tree_time_us, "ring": ring_time_us}.get(nccl_algo_of(sample.meta),
+                                                            nccl_time_us)
+    ref = sample.buckets * max(nccl(sample.size, c), NCCL_HOST_US)
     return rr, ref
 
 

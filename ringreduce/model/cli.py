@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from ..config import parse_size
 from . import calibrate, results, validate
 from .cluster import DEFAULT_PRESET, PRESETS, Cluster
-from .nccl_cost import link_bound_us, ring_time_us, tree_time_us
+from .nccl_cost import link_bound_us, nccl_algo, ring_time_us, tree_time_us
 from .plot import SWEEP
 from .simulate import Options, ringreduce_time_us
 
@@ -69,18 +70,19 @@ def cluster_from(args: argparse.Namespace) -> Cluster:
     return c.with_(**{k: v for k, v in changes.items() if v is not None})
 
 
-def predict_row(c: Cluster, size: int, o: Options, buckets: int) -> dict[str, float]:
+def predict_row(c: Cluster, size: int, o: Options, buckets: int) -> dict[str, Any]:
     rr = ringreduce_time_us(size, c, o, buckets)
     ring, tree = buckets * ring_time_us(size, c), buckets * tree_time_us(size, c)
     n = c.ranks
     busbw = size * buckets / rr / 1e3 * 2 * (n - 1) / n if rr else 0.0
     bound = buckets * link_bound_us(size, c)
     return {"machines": c.machines, "size": size, "rr": rr, "busbw": busbw, "ring": ring,
-            "tree": tree, "vs_ring": ring / rr, "vs_tree": tree / rr, "bound": bound,
+            "tree": tree, "vs_ring": ring / rr, "vs_tree": tree / rr,
+            "vs_best": min(ring, tree) / rr, "default": nccl_algo(size, c), "bound": bound,
             "eff": bound / rr if rr else 0.0}
 
 
-def print_table(c: Cluster, rows: list[dict[str, float]], buckets: int) -> None:
+def print_table(c: Cluster, rows: list[dict[str, Any]], buckets: int) -> None:
     print(f"# MODEL (predicted, not measured): {c.name}: {c.gpus} GPUs/machine, intra "
           f"{c.intra_gbps:g} Gbit/s/GPU {c.intra_lat_us:g} us, network {c.net_gbps:g} "
           f"Gbit/s/machine {c.net_lat_us:g} us, host {c.host_call_us:.0f} us/call + "
@@ -88,13 +90,16 @@ def print_table(c: Cluster, rows: list[dict[str, float]], buckets: int) -> None:
     if c.source:
         print(f"# source: {c.source}")
     print("# time per step in us; busbw GB/s (nccl-tests); speedup = NCCL time / ringreduce"
-          " time; bound = 2S(M-1)/(M*B); eff = bound / ringreduce time")
+          " time; vs best: the faster of ring and tree; default: NCCL's tuner's pick; "
+          "bound = 2S(M-1)/(M*B); eff = bound / ringreduce time")
     print(f"#{'machines':>8} {'size':>11} {'ringreduce':>11} {'busbw':>7} {'ring':>11} "
-          f"{'tree':>11} {'vs ring':>7} {'vs tree':>7} {'bound':>10} {'eff':>5}")
+          f"{'tree':>11} {'vs ring':>7} {'vs tree':>7} {'vs best':>7} {'default':>7} "
+          f"{'bound':>10} {'eff':>5}")
     for r in rows:
         print(f"{r['machines']:>9} {_size(int(r['size'])):>11} {r['rr']:>11.1f} {r['busbw']:>7.1f} "
               f"{r['ring']:>11.1f} {r['tree']:>11.1f} {r['vs_ring']:>7.2f} "
-              f"{r['vs_tree']:>7.2f} {r['bound']:>10.1f} {r['eff']:>5.2f}")
+              f"{r['vs_tree']:>7.2f} {r['vs_best']:>7.2f} {r['default']:>7} "
+              f"{r['bound']:>10.1f} {r['eff']:>5.2f}")
 
 
 def _size(n: int) -> str:
@@ -117,7 +122,7 @@ def calibrated(c: Cluster, path: Path) -> Cluster:
                    host_slice_us=calibrate.median([k.host_slice_us for k in costs]))
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, float]]:
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.validate:

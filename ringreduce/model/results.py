@@ -100,6 +100,19 @@ def setting_of(folder: str, meta: dict[str, Any]) -> Setting:
     return Setting(shared, mps, intra, "ranks" if per_rank else "machines")
 
 
+def nccl_algo_of(meta: dict[str, Any]) -> str:
+    """The all-reduce algorithm NCCL_ALGO forced on the run's NCCL ("tree", "ring"), or
+    "default" (unset, or a form this does not read)."""
+    value = str(meta.get("nccl_env", {}).get("NCCL_ALGO", "")).lower()
+    for part in value.split(";"):
+        name, sep, algo = part.partition(":")
+        if sep and name.strip() == "allreduce":
+            return algo.strip()
+        if not sep and part.strip():  # one algorithm for every collective
+            return part.strip()
+    return "default"
+
+
 def cores_per_rank(meta: dict[str, Any]) -> float | None:
     """CPU cores each rank had, when the header states it ("CPU cores per rank 4.0")."""
     found = re.search(r"CPU cores per rank:?\s*([\d.]+)", json.dumps(meta))
@@ -145,6 +158,8 @@ def exclusion(sample: Sample) -> str | None:
     - replayed CUDA graphs (``config.graphs`` > 0): the model times eager issue, and
       replays change host cost and overlap;
     - a wrong element: the measurement is not of a correct run;
+    - an 8- or 4-bit wire (route ``compressed ...``): an unpipelined route of quantize,
+      exchange and dequantize kernels the model does not replay;
     - CPU-bound emulation: a side's CPU time per iteration (``*_cpu_us`` x buckets) used
       at least :data:`CPU_BOUND` of the cores each rank had (when the header states
       them). Then the emulation's CPU, not the links the model prices, set the time.
@@ -159,6 +174,8 @@ def exclusion(sample: Sample) -> str | None:
         return "replayed CUDA graphs"
     if row.get("rr_wrong") or row.get("ref_wrong"):
         return "wrong elements"
+    if str(row.get("route", "")).startswith("compressed"):
+        return "quantized wire (compressed route)"
     cores = cores_per_rank(sample.meta)
     if not cores:
         return None

@@ -5,7 +5,8 @@
 Per setting (results.setting_key): fit the costs on half the rows (calibrate.split),
 predict every row, and report the relative error of ringreduce's and NCCL's predicted
 times, apart for fit rows (F) and validation rows (V). The headline is the median over
-validation rows; tests/test_model.py fails when it passes 20%.
+validation rows; tests/test_model.py fails when it passes 20%. Then the faithful rows
+(:mod:`.faithful`), priced from the nominal cluster without a fit, each with its error.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import calibrate, results
+from . import calibrate, faithful, results
 from .calibrate import Costs
 from .results import Sample
 
@@ -113,4 +114,9 @@ def main(root: Path = DEFAULT_ROOT) -> Report:
     print(table(report))
     print()
     print(summary(report))
+    preds = faithful.predictions()
+    print()
+    print(faithful.table(preds))
+    print()
+    print(faithful.summary(preds))
     return report

@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from . import dlrm
-from .dlrm import EXTRA_MODES, MODES, ModeRun, Options, run_modes
+from .dlrm import EXTRA_MODES, FINAL_STEPS, MODES, ModeRun, Options, run_modes
 from .dlrm_model import Spec
 from .launch import Launch, detect, nccl_variables, run_ranks
 from .transformer_model import TransformerSpec
-from .workloads import DEFAULT_BATCH, DEFAULT_LR, MODELS
+from .workloads import DEFAULT_BATCH, DEFAULT_LR, LR_WARMUP, MODELS, TARGET_FRACTION
 
 
 def rank_main(args: argparse.Namespace, opts: Options, launch: Launch,
@@ -39,25 +39,53 @@ def rank_main(args: argparse.Namespace, opts: Options, launch: Launch,
     return [dataclasses.asdict(r) for r in runs]
 
 
-
 def table(runs: list[ModeRun]) -> str:
-    """mode, steps, samples/s, ratio and max |loss diff| against nccl, final loss, the
-    engine's calls per timed step (DDP's bucket count; "-" without an engine) and, in
-    the hook modes, this rank's host time per hook call (median and mean, µs)."""
-    ref = next((r for r in runs if r.mode == "nccl"), None)
-    lines = [f"{'mode':<9} {'steps':>5} {'samples/s':>11} {'vs nccl':>7} {'final loss':>10} "
-             f"{'max|dloss| vs nccl':>18} {'calls/step':>10} {'hook us med/mean':>16}"]
-    for r in runs:
+    """The floor and target; per mode at the run's seed: steps, samples/s, ratio and max
+    |loss diff| against nccl, final loss, the step and seconds at which the loss reached
+    the target ("-": never), the engine's calls per timed step (DDP's bucket count; "-"
+    without an engine) and, in the hook modes, this rank's host time per hook call
+    (median and mean, µs); then nccl's spread over seeds, when there are several."""
+    main = [r for r in runs if r.seed == runs[0].seed]
+    ref = next((r for r in main if r.mode == "nccl"), None)
+    lines = [f"# loss floor {runs[0].floor:.4f} (the teacher's own loss on these batches); "
+             f"target loss {runs[0].target_loss:.4f}; final loss: mean of the last "
+             f"{FINAL_STEPS} steps",
+             f"{'mode':<9} {'steps':>5} {'samples/s':>11} {'vs nccl':>7} {'final loss':>10} "
+             f"{'max|dloss| vs nccl':>18} {'target step':>11} {'s':>7} {'calls/step':>10} "
+             f"{'hook us med/mean':>16}"]
+    for r in main:
         ratio = f"{r.samples_per_s / ref.samples_per_s:.2f}" if ref else "n/a"
         diff = f"{max(abs(a - b) for a, b in zip(r.losses, ref.losses, strict=True)):.3g}" \
             if ref else "n/a"
-        calls = "-" if r.mode.startswith("nccl") else \
-            f"{r.timed_engine_calls / r.timed_steps:.4g}"
+        calls = f"{r.timed_engine_calls / r.timed_steps:.4g}" if r.engine else "-"
         hook = (f"{statistics.median(r.hook_us):.1f}/{statistics.fmean(r.hook_us):.1f}"
                 if r.hook_us else "-")
+        reached = ("-", "-") if r.steps_to_target is None else \
+            (str(r.steps_to_target), f"{r.seconds_to_target:.3g}")
         lines.append(f"{r.mode:<9} {r.timed_steps:>5} {r.samples_per_s:>11.1f} {ratio:>7} "
-                     f"{r.losses[-1]:>10.6f} {diff:>18} {calls:>10} {hook:>16}")
+                     f"{r.final_loss:>10.6f} {diff:>18} {reached[0]:>11} {reached[1]:>7} "
+                     f"{calls:>10} {hook:>16}")
+    spread = seed_spread(runs)
+    if spread:
+        lines.append(f"# nccl over seeds {spread['seeds']}: final loss "
+                     f"{spread['final_loss_mean']:.6f}, spread (max - min) "
+                     f"{spread['final_loss_spread']:.3g}, stdev {spread['final_loss_stdev']:.3g}; "
+                     f"target step {spread['steps_to_target']}")
     return "\n".join(lines)
+
+
+def seed_spread(runs: list[ModeRun]) -> dict[str, Any] | None:
+    """nccl's final loss and target step at every seed, when it ran at more than one:
+    the differences between modes that the seed alone makes."""
+    nccl = [r for r in runs if r.mode == "nccl"]
+    if len(nccl) < 2:
+        return None
+    final = [r.final_loss for r in nccl]
+    return {"mode": "nccl", "seeds": [r.seed for r in nccl], "final_loss": final,
+            "final_loss_mean": statistics.fmean(final),
+            "final_loss_spread": max(final) - min(final),
+            "final_loss_stdev": statistics.stdev(final),
+            "steps_to_target": [r.steps_to_target for r in nccl]}
 
 
 def describe(opts: Options, launch: Launch, device: torch.device) -> str:
@@ -79,10 +107,11 @@ def write_outputs(args: argparse.Namespace, opts: Options, launch: Launch,
                 "launcher": launch.launcher, "world_size": dist.get_world_size(),
                 "backend_config": str(dist.get_backend_config()),
                 "grad_bytes": opts.workload().grad_bytes, "options": dataclasses.asdict(opts),
-                "nccl_env": nccl_variables()}
+                "nccl_env": nccl_variables(), "floor": runs[0].floor,
+                "target_loss": runs[0].target_loss, "final_steps": FINAL_STEPS}
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "runs": [dataclasses.asdict(r) for r in runs]}, f,
-                      indent=1)
+            json.dump({"meta": meta, "runs": [dataclasses.asdict(r) for r in runs],
+                       "seed_spread": seed_spread(runs)}, f, indent=1)
     if args.plot:
         plot(runs, args.plot, describe(opts, launch, device).lstrip("# "))
 
@@ -95,7 +124,11 @@ def plot(runs: list[ModeRun], path: str, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in runs:
-        ax.plot(range(len(r.losses)), r.losses, label=f"{r.mode} ({r.samples_per_s:.0f}/s)")
+        seed = f", seed {r.seed}" if r.seed != runs[0].seed else ""
+        ax.plot(range(len(r.losses)), r.losses,
+                label=f"{r.mode}{seed} ({r.samples_per_s:.0f}/s)", alpha=0.5 if seed else 1.0)
+    ax.axhline(runs[0].floor, color="grey", linewidth=1, label="floor (the teacher's loss)")
+    ax.axhline(runs[0].target_loss, color="grey", linewidth=1, linestyle=":", label="target")
     ax.set(xlabel="step", ylabel="training loss (mean over ranks)")
     ax.set_title(title, fontsize=7, wrap=True)
     ax.legend()
@@ -110,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add, d = p.add_argument, Options()
     add("--modes", "--mode", default=",".join(d.modes),
-        help="comma list of nccl, hook, backend, nccl-hook")
+        help=f"comma list of {', '.join(MODES + EXTRA_MODES)} (see above)")
     add("--device", choices=("cuda", "cpu"), help="default: cuda when there")
     add("--model", choices=MODELS, default=d.model, help="the workload (see above)")
     add_model_arguments(p, d)
@@ -118,16 +151,36 @@ def build_parser() -> argparse.ArgumentParser:
         f"default {', '.join(f'{v} ({k})' for k, v in DEFAULT_BATCH.items())}")
     for name in ("steps", "warmup", "seed"):
         add(f"--{name}", type=int, default=getattr(d, name))
-    add("--lr", type=float, help="plain SGD's; default "
-        f"{', '.join(f'{v} ({k})' for k, v in DEFAULT_LR.items())}")
+    add("--lr", type=float, help="Adam's (the transformer's ramped up over its first "
+        f"{LR_WARMUP['transformer']} steps); default "
+        f"{', '.join(f'{v:g} ({k})' for k, v in DEFAULT_LR.items())}")
+    add_learning_arguments(p, d)
     add("--bucket-mb", type=float, default=d.bucket_mb, help="DDP bucket_cap_mb")
     add("--machines", type=int, help="virtual machines of hook and backend modes; "
         "default: from host ids (2 for standalone CPU runs)")
     add("--min-bytes", type=int, help="min_bytes of hook and backend modes' engines")
     add("--nprocs", type=int, help="processes to spawn without a launcher (default 4 on CPU)")
-    add("--json", help="write {meta, runs} here")
+    add("--json", help="write {meta, runs, seed_spread} here")
     add("--plot", help="write the loss curves here (PNG, needs matplotlib)")
     return p
+
+
+def add_learning_arguments(p: argparse.ArgumentParser, d: Options) -> None:
+    add = p.add_argument
+    add("--powersgd-rank", type=int, default=d.powersgd_rank,
+        help="powersgd mode: the rank of its low-rank approximation")
+    add("--powersgd-start", type=int, default=d.powersgd_start,
+        help="powersgd mode: steps all-reduced uncompressed first (torch's "
+             "start_powerSGD_iter; at least 2; keep it at or below --warmup for the timed "
+             "steps to be compressed ones)")
+    add("--seeds", type=int, default=d.seeds,
+        help="run nccl at this many seeds (--seed, --seed + 1, ...) and report the spread "
+             "of its final loss and target step; the other modes run at --seed only")
+    add("--target-loss", type=float,
+        help="report the step and seconds at which each mode's loss first reaches this; "
+             "default: "
+             f"{', '.join(f'{v:.2g} ({k})' for k, v in TARGET_FRACTION.items())} of the way "
+             "from the first step's loss to the floor")
 
 
 def add_model_arguments(p: argparse.ArgumentParser, d: Options) -> None:
@@ -167,10 +220,20 @@ def options(args: argparse.Namespace, cuda: bool) -> Options:
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise SystemExit(f"--{name} {getattr(args, name)}: must be positive; leave it out "
                              f"for the model's default")
-    return Options(modes=modes, spec=spec, batch=args.batch or 0, steps=args.steps,
-                   warmup=args.warmup, lr=args.lr or 0.0, seed=args.seed,
-                   bucket_mb=args.bucket_mb, machines=machines, min_bytes=args.min_bytes,
-                   model=args.model, transformer=transformer)
+    try:
+        opts = Options(modes=modes, spec=spec, batch=args.batch or 0, steps=args.steps,
+                       warmup=args.warmup, lr=args.lr or 0.0, seed=args.seed,
+                       bucket_mb=args.bucket_mb, machines=machines, min_bytes=args.min_bytes,
+                       model=args.model, transformer=transformer,
+                       powersgd_rank=args.powersgd_rank, powersgd_start=args.powersgd_start,
+                       seeds=args.seeds, target_loss=args.target_loss)
+    except ValueError as e:
+        raise SystemExit(f"{e} (--powersgd-rank, --powersgd-start, --seeds, --target-loss)") \
+            from None
+    refusal = None if cuda else dlrm.gloo_refusal(opts, opts.workload())
+    if refusal:
+        raise SystemExit(refusal)
+    return opts
 
 
 def backend_env(opts: Options) -> dict[str, str]:

@@ -21,9 +21,16 @@ apart. Accumulation is fp32 throughout (16-bit tensors are widened before the
 intra-machine reduce-scatter). Why unpipelined: on NVLink machines the unpipelined
 two-level composition reached the same wire time as the 5-stage pipeline (issue
 tracker), and it keeps the route exact to reason about. Not done yet: pipelining it,
-fused kernels (quant.py), the end-of-call check (Config.check_call_end) and the native
-issuer: it is issued from Python on the caller's stream, after a native issuer's
-queued calls (issue.Issuer.inline), like the block collectives.
+the end-of-call check (Config.check_call_end) and the native issuer: it is issued from
+Python on the caller's stream, after a native issuer's queued calls
+(issue.Issuer.inline), like the block collectives.
+
+Compute, on CUDA with cupy: three fused kernels of native/quant.cu, one pass each,
+bit for bit the torch ops' results (``_Codec``): quantize (with the collect error),
+add (the M dequantizations, their sum, the diffuse error and the requantization of
+``reduced``, which is never stored) and the final dequantize (with AVG's division and
+the cast to t's dtype). With one device a machine and no padding they read ``t``
+itself (no fp32 copy). Elsewhere quant.py's torch ops, several passes each.
 
 Error feedback (opt-in per key, ``Feedback``): what quantization dropped from this
 rank's collect rows, and from the rows it owns in diffuse, is added before quantizing
@@ -35,14 +42,14 @@ GradScaler, must not poison every later step).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ringreduce.config import WIRES, Config
 from ringreduce.execution.add import finish_average
 from ringreduce.execution.pipeline import stage_errors
-from ringreduce.execution.quant import FORMATS, Format, dequantize, quantize
+from ringreduce.execution.quant import FORMATS, SCALE_BYTES, Format, dequantize, quantize
 
 if TYPE_CHECKING:
     from ringreduce.execution.context import CallContext
@@ -128,8 +135,9 @@ class Feedback:
 
 def all_reduce(t: torch.Tensor, op: str, fmt: Format, block: int, errors: _Errors | None,
                ctx: CallContext, stream: int | None) -> None:
-    """The route of the module docstring, in place on ``t`` (flat, contiguous); torch
-    ops on the current stream, communication on ``stream`` (the same, on CUDA)."""
+    """The route of the module docstring, in place on ``t`` (flat, contiguous); compute
+    on the current stream (native/quant.cu kernels on CUDA with cupy, else torch ops),
+    communication on ``stream`` (the same, on CUDA)."""
     n, topo = t.numel(), ctx.topo
     if n == 0:
         return
@@ -138,12 +146,12 @@ def all_reduce(t: torch.Tensor, op: str, fmt: Format, block: int, errors: _Error
     if errors is not None and t.is_cuda:  # kept across calls, maybe on other streams
         for kept in (errors.collect, errors.diffuse):
             kept.record_stream(torch.cuda.current_stream(t.device))
-    part = _machine_part(t, k, ctx, stream)
-    reduced = _collect_and_add(part, fmt, block, errors, ctx, stream)
-    out = _diffuse(reduced, fmt, block, errors, ctx, stream)
-    if op == "avg":
-        finish_average(out, topo.world_size, ctx.divisors.get(torch.float32))
-    _gather_into(t, out.to(t.dtype), ctx, stream)
+    codec = _Codec(fmt, block, ctx.kernels if t.is_cuda else None, t.device)
+    part = _machine_part(t, k, codec, ctx, stream)
+    got, mine = _collect(part, codec, errors, ctx, stream)
+    sent = _add(got, mine, codec, errors, ctx.topo.machine_index)
+    rows = _diffuse(sent, ctx, stream)
+    _gather_into(t, _unpack(rows, codec, op, t.dtype, ctx), ctx, stream)
 
 
 def padded_row(n: int, devices: int, machines: int, block: int) -> int:
@@ -152,12 +160,44 @@ def padded_row(n: int, devices: int, machines: int, block: int) -> int:
     return -(-n // group) * block
 
 
-def _machine_part(t: torch.Tensor, k: int, ctx: CallContext,
+class _Codec:
+    """quantize/dequantize of one call: the fused kernels of native/quant.cu on CUDA
+    when cupy is there (``kernels``), else quant.py's torch ops (the CPU; CUDA without
+    cupy, logged at setup). The kernels produce the torch ops' bytes and values on CUDA
+    bit for bit (tests/test_gpu_quant_kernels.py), so either serves every rank alike."""
+
+    def __init__(self, fmt: Format, block: int, kernels: Any, device: torch.device) -> None:
+        self.fmt, self.block, self.kernels = fmt, block, kernels
+        self.handle = 0 if kernels is None else torch.cuda.current_stream(device).cuda_stream
+
+    def packed(self, rows: int, k: int, device: torch.device) -> torch.Tensor:
+        return torch.empty((rows, self.fmt.row_bytes(k, self.block)), dtype=torch.uint8,
+                           device=device)
+
+    def quantize(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None) -> None:
+        """out = quantize(x + residual); residual = what that dropped (finite, or 0).
+        The torch ops add the residual into ``x`` in place; the kernels leave it as is."""
+        if self.kernels is not None:
+            self.kernels.quantize(x, self.fmt, self.block, out, residual, self.handle)
+            return
+        if residual is not None:
+            x = x.add_(residual)
+        quantize(x, self.fmt, self.block, out)
+        if residual is not None:  # what the rows became, minus what they were
+            dequantize(out, self.fmt, self.block, residual)
+            _keep_error(torch.sub(x, residual, out=residual))
+
+
+def _machine_part(t: torch.Tensor, k: int, codec: _Codec, ctx: CallContext,
                   stream: int | None) -> torch.Tensor:
-    """(M, k) fp32: this machine's sum of view[d], widened before summing."""
+    """(M, k): this machine's sum of view[d], widened (fp32) before summing; with one
+    device and no padding, ``t`` itself for the kernels (they read any float dtype and
+    leave it unchanged)."""
     topo, n = ctx.topo, t.numel()
     devices, machines = topo.devices_per_machine, topo.machines
     flat = t.view(-1)
+    if devices == 1 and n == machines * k and codec.kernels is not None:
+        return flat.view(machines, k)
     if t.dtype == torch.float32 and n == devices * machines * k:
         x = flat if devices > 1 else flat.clone()  # read-only below; D == 1 adds into it
     else:
@@ -171,48 +211,74 @@ def _machine_part(t: torch.Tensor, k: int, ctx: CallContext,
     return part
 
 
-def _collect_and_add(part: torch.Tensor, fmt: Format, block: int, errors: _Errors | None,
-                     ctx: CallContext, stream: int | None) -> torch.Tensor:
-    """(k,) fp32: the sum over machines of row m, each machine's partial quantized once."""
+def _collect(part: torch.Tensor, codec: _Codec, errors: _Errors | None, ctx: CallContext,
+             stream: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(got, mine): every machine's partial of row m as it crossed the rail (got[m]
+    not filled: it is mine[m]), and this machine's partials, each quantized once."""
     m, (machines, k) = ctx.topo.machine_index, part.shape
-    if errors is not None:
-        part.add_(errors.collect)
-    mine = torch.empty((machines, fmt.row_bytes(k, block)), dtype=torch.uint8,
-                       device=part.device)
-    quantize(part, fmt, block, mine)
-    if errors is not None:  # what the rows became, minus what they were
-        dequantize(mine, fmt, block, errors.collect)
-        _keep_error(torch.sub(part, errors.collect, out=errors.collect))
+    mine = codec.packed(machines, k, part.device)
+    codec.quantize(part, mine, None if errors is None else errors.collect)
     got = torch.empty_like(mine)
     others = [j for j in range(machines) if j != m]
     with stage_errors(ctx, "collect", part):
         ctx.transport.rail_exchange("collect", [mine[j] for j in others],
                                     [got[j] for j in others], stream)
+    return got, mine
+
+
+def _add(got: torch.Tensor, mine: torch.Tensor, codec: _Codec, errors: _Errors | None,
+         m: int) -> torch.Tensor:
+    """(1, row bytes): the sum over machines of row m, in fp32, machines 0..M-1 on every
+    rank (one fixed order), plus the diffuse error, quantized once for diffuse."""
+    machines, k = got.shape[0], _row_elements(got, codec)
+    sent = codec.packed(1, k, got.device)
+    residual = None if errors is None else errors.diffuse
+    if codec.kernels is not None:
+        codec.kernels.reduce_requantize(got, mine[m], m, codec.fmt, codec.block, sent,
+                                        residual, codec.handle)
+        return sent
     got[m].copy_(mine[m])  # this machine's own partial counts as quantized too
-    values = torch.empty((machines, k), dtype=torch.float32, device=part.device)
-    dequantize(got, fmt, block, values)
+    values = torch.empty((machines, k), dtype=torch.float32, device=got.device)
+    dequantize(got, codec.fmt, codec.block, values)
     reduced = values[0].clone()
-    for j in range(1, machines):  # machine 0..M-1 on every rank: one fixed order
+    for j in range(1, machines):
         reduced.add_(values[j])
-    return reduced
+    codec.quantize(reduced.view(1, k), sent, None if residual is None else residual.view(1, k))
+    return sent
 
 
-def _diffuse(reduced: torch.Tensor, fmt: Format, block: int, errors: _Errors | None,
-             ctx: CallContext, stream: int | None) -> torch.Tensor:
-    """(M, k) fp32: every machine's reduced row, each from the bytes its owner sent."""
-    m, machines, k = ctx.topo.machine_index, ctx.topo.machines, reduced.numel()
-    if errors is not None:
-        reduced.add_(errors.diffuse)
-    sent = torch.empty((1, fmt.row_bytes(k, block)), dtype=torch.uint8, device=reduced.device)
-    quantize(reduced.view(1, k), fmt, block, sent)
-    rows = torch.empty((machines, sent.shape[1]), dtype=torch.uint8, device=reduced.device)
-    with stage_errors(ctx, "diffuse", reduced):
+def _row_elements(packed: torch.Tensor, codec: _Codec) -> int:
+    """Elements of one packed row (quant.Format.row_bytes inverted)."""
+    fmt, block = codec.fmt, codec.block
+    k = packed.shape[1] * 8 * block // (8 * SCALE_BYTES + fmt.bits * block)
+    assert fmt.row_bytes(k, block) == packed.shape[1], (k, packed.shape)
+    return k
+
+
+def _diffuse(sent: torch.Tensor, ctx: CallContext, stream: int | None) -> torch.Tensor:
+    """(M, row bytes): every machine's reduced row as its owner sent it (ours included,
+    so every rank dequantizes the same bytes)."""
+    machines = ctx.topo.machines
+    rows = torch.empty((machines, sent.shape[1]), dtype=torch.uint8, device=sent.device)
+    with stage_errors(ctx, "diffuse", sent):
         ctx.transport.all_gather_into("diffuse", sent.view(-1), rows, stream)
-    out = torch.empty((machines, k), dtype=torch.float32, device=reduced.device)
-    dequantize(rows, fmt, block, out)  # row m from the bytes every other machine got
-    if errors is not None:
-        _keep_error(torch.sub(reduced, out[m], out=errors.diffuse))
-    return out
+    return rows
+
+
+def _unpack(rows: torch.Tensor, codec: _Codec, op: str, dtype: torch.dtype,
+            ctx: CallContext) -> torch.Tensor:
+    """(M, k) in ``dtype``: the rows dequantized (fp32), / N for AVG, rounded once."""
+    k, world = _row_elements(rows, codec), ctx.topo.world_size
+    if codec.kernels is not None:
+        out = torch.empty((rows.shape[0], k), dtype=dtype, device=rows.device)
+        codec.kernels.dequantize(rows, codec.fmt, codec.block, out,
+                                 world if op == "avg" else 0, codec.handle)
+        return out
+    out = torch.empty((rows.shape[0], k), dtype=torch.float32, device=rows.device)
+    dequantize(rows, codec.fmt, codec.block, out)
+    if op == "avg":
+        finish_average(out, world, ctx.divisors.get(torch.float32))
+    return out.to(dtype)
 
 
 def _gather_into(t: torch.Tensor, out: torch.Tensor, ctx: CallContext,

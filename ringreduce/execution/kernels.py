@@ -6,8 +6,9 @@ own stage streams over torch tensors (raw pointers; no copies, no DLPack round t
 Modules are cached per (kernel, dtype, op, vector width, device architecture), in the
 ``Kernels`` object each CUDA Communicator owns (no module-level state).
 
-When cupy cannot be imported, the add stage uses torch ops instead (ringreduce.execution.add);
-that is logged once per Communicator, never silent.
+When cupy cannot be imported, the add stage uses torch ops instead (ringreduce.execution.add),
+and so does the compressed route (quant.py); that is logged once per Communicator, never
+silent.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from ringreduce.errors import RingReduceError
+from ringreduce.execution.quant import SCALE_BYTES, Format
 
 NATIVE = Path(__file__).resolve().parents[2] / "native"
 """The repository's native/ (editable installs)."""
@@ -52,6 +54,15 @@ _WIRE = {torch.bfloat16: "bf16_t", torch.float16: "half_t"}
 #: Elements per vector access of the wire kernels: 16-byte float32 loads.
 _WIRE_VEC = 4
 
+#: Block-quantized wire formats (execution/quant.py) -> FMT of native/quant.cu.
+_QUANT = {"int8": 0, "fp8": 1, "int4": 2}
+#: Element types a quantize reads and a dequantize writes.
+_QUANT_TYPES = {torch.float32: "float", torch.float16: "half_t", torch.bfloat16: "bf16_t"}
+#: quant.cu keeps a lane's share of a block in registers: E = block / lanes values, at
+#: most 32 lanes (one warp, so the block's max is a shuffle reduction), in chunks of 4.
+_WARP = 32
+_CHUNK = 4
+
 
 def available() -> bool:
     return importlib.util.find_spec("cupy") is not None
@@ -80,7 +91,7 @@ class Kernels:
         self._streams: dict[int, Any] = {}
         numeric = (source_dir() / "numeric.cuh").read_text()
         self._sources = {name: numeric + (source_dir() / name).read_text()
-                         for name in ("add.cu", "wire.cu", "check.cu")}
+                         for name in ("add.cu", "wire.cu", "check.cu", "quant.cu")}
 
     def _function(self, source: str, name: str) -> Any:
         """``name`` (a template instance) compiled from native/``source``, cached."""
@@ -169,6 +180,61 @@ class Kernels:
                      (np.uint64(pointers[0].data_ptr()), np.uint64(pointers[1].data_ptr()),
                       np.int64(k), np.int32(nrows), np.int32(skip)), stream)
 
+    def quantize(self, x: torch.Tensor, fmt: Format, block: int, out: torch.Tensor,
+                 residual: torch.Tensor | None, stream: int) -> None:
+        """Unpipelined meaning (quant.quantize, with error feedback when ``residual``):
+        ``v = x + residual; out = quantize(v); residual = v - dequantize(out)``, its
+        non-finite elements 0. ``x``: (R, k) float32/float16/bfloat16 (16-bit widened
+        exactly first); ``residual``: (R, k) float32 or None; ``out``: (R, row bytes)."""
+        rows, k = x.shape
+        if rows * k == 0:
+            return
+        elems, lanes = _quant_shape(block)
+        width = _CHUNK * x.element_size()
+        vec = _aligned(k, _CHUNK, (x, width), (out, 4), *_also(residual, 16))
+        self._launch("quant.cu", f"rr_quantize<{_QUANT_TYPES[x.dtype]}, {_QUANT[fmt.name]}, "
+                     f"{elems}, {str(vec).lower()}>", rows * k, elems, 4,
+                     (np.uint64(x.data_ptr()), _pointer(residual), np.uint64(out.data_ptr()),
+                      np.int64(rows * k // block), np.int64(k // block), np.int32(lanes),
+                      _inverse(fmt)), stream)
+
+    def reduce_requantize(self, got: torch.Tensor, own: torch.Tensor, own_index: int,
+                          fmt: Format, block: int, sent: torch.Tensor,
+                          residual: torch.Tensor | None, stream: int) -> None:
+        """Unpipelined meaning (compressed.py's add, then diffuse's quantization):
+        ``v = dequantize(row 0) + ... + dequantize(row M-1)`` in fp32, in that order, row
+        ``own_index`` read from ``own`` (one packed row) and the others from ``got`` (M,
+        row bytes); ``v += residual; sent = quantize(v); residual = v - dequantize(sent)``.
+        ``residual``: (k,) float32 or None; ``sent``: (1, row bytes)."""
+        k = sent.shape[1] * 8 * block // (8 * SCALE_BYTES + fmt.bits * block)
+        assert fmt.row_bytes(k, block) == sent.shape[1] == got.shape[1], (k, sent.shape)
+        if k == 0:
+            return
+        elems, lanes = _quant_shape(block)
+        vec = _aligned(k, _CHUNK, (got, 4), (own, 4), (sent, 4), *_also(residual, 16))
+        self._launch("quant.cu", f"rr_reduce_requantize<{_QUANT[fmt.name]}, {elems}, "
+                     f"{str(vec).lower()}>", k, elems, 4,
+                     (np.uint64(got.data_ptr()), np.uint64(own.data_ptr()),
+                      np.int32(own_index), np.int32(got.shape[0]), _pointer(residual),
+                      np.uint64(sent.data_ptr()), np.int64(k // block), np.int32(lanes),
+                      _inverse(fmt)), stream)
+
+    def dequantize(self, packed: torch.Tensor, fmt: Format, block: int, out: torch.Tensor,
+                   world_size: int, stream: int) -> None:
+        """Unpipelined meaning (quant.dequantize, then compressed.py's AVG and cast):
+        ``out = dequantize(packed)``, divided by ``world_size`` when it is not 0, in
+        ``out``'s dtype (float32/float16/bfloat16, (R, k)), rounded once."""
+        rows, k = out.shape
+        if rows * k == 0:
+            return
+        elems, lanes = _quant_shape(block)
+        vec = _aligned(k, _CHUNK, (packed, 4), (out, _CHUNK * out.element_size()))
+        self._launch("quant.cu", f"rr_dequantize<{_QUANT_TYPES[out.dtype]}, "
+                     f"{_QUANT[fmt.name]}, {elems}, {str(vec).lower()}>", rows * k, elems, 4,
+                     (np.uint64(packed.data_ptr()), np.uint64(out.data_ptr()),
+                      np.int64(rows * k // block), np.int64(k // block), np.int32(lanes),
+                      np.float32(world_size)), stream)
+
     def put_signature(self, words: torch.Tensor, signature: int, stream: int) -> None:
         """``words[:] = [signature, ~signature]`` (int64, 2), on ``stream``."""
         self._launch("check.cu", "rr_put_signature", 1, 1, 8,
@@ -181,6 +247,34 @@ class Kernels:
         self._launch("check.cu", "rr_check_signature", 1, 1, 8,
                      (np.uint64(got.data_ptr()), np.int64(signature), np.uint64(report)),
                      stream)
+
+
+def _quant_shape(block: int) -> tuple[int, int]:
+    """(values a lane, lanes a block) of native/quant.cu for ``block`` (a multiple of
+    8): the most lanes, up to a warp, that leave whole chunks of 4 to each. 256: 32
+    lanes of 8 values (two 16-byte fp32 loads). A block of 8 * odd > 8 leaves 2 lanes
+    of block/2 values: correct, but past ~64 values a lane they spill to local memory."""
+    lanes = _WARP
+    while block % (_CHUNK * lanes):
+        lanes //= 2
+    assert lanes >= 1 and block % _CHUNK == 0, block
+    return block // lanes, lanes
+
+
+def _inverse(fmt: Format) -> np.float32:
+    """1/QMAX rounded to fp32 as torch's CUDA division by a Python number computes it
+    (``opmath_t(1) / b``, then a multiply): quant.py's scale on CUDA, bit for bit."""
+    return np.float32(1.0) / np.float32(fmt.qmax)
+
+
+def _pointer(t: torch.Tensor | None) -> np.uint64:
+    """A kernel's optional pointer argument: 0 (nullptr) for None."""
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+def _also(t: torch.Tensor | None, align: int) -> tuple[tuple[torch.Tensor, int], ...]:
+    """``_aligned``'s (tensor, alignment) for an optional tensor."""
+    return () if t is None else ((t, align),)
 
 
 def _aligned(k: int, vec: int, *tensors: tuple[torch.Tensor, int]) -> bool:

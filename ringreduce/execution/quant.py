@@ -16,11 +16,12 @@ Rules the route relies on (compressed.py):
   * dequantization is a pure function of the bytes, so ranks that dequantize the same
     bytes hold bit-identical values.
 
-Written with torch ops so that it runs on the CPU (gloo tests) and on CUDA alike, and
-so that fused kernels can replace ``quantize`` and ``dequantize`` one for one later.
-Not done yet: those kernels (the issue asks for one pass of max-abs + scale + quantize,
-and one of dequantize + fp32 accumulate + requantize, each at >= 0.85 of the GPU's
-memory bandwidth); these torch versions make several passes over the row.
+Written with torch ops so that it runs on the CPU (gloo tests) and on CUDA alike; they
+make several passes over the row. On CUDA with cupy, compressed.py runs the fused
+kernels of native/quant.cu instead (one pass each), which mirror these ops on CUDA bit
+for bit: note that there ``torch.div`` by a Python number multiplies by the fp32
+reciprocal of QMAX (a true division on the CPU), so a scale may differ in its last bit
+between the CPU and CUDA; ranks of one run all take the same path.
 """
 
 from __future__ import annotations

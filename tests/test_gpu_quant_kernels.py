@@ -1,0 +1,165 @@
+"""native/quant.cu against quant.py's torch ops on CUDA, bit for bit: quantize (with and
+without error feedback), the add's dequantize + fp32 sum + requantize, and the final
+dequantize (with AVG and the cast), for every format, float32/float16/bfloat16, blocks
+of 256 and 24 (two lanes of 12 values), unaligned rows, and blocks of zeros, -0.0,
+inf, nan, ties, huge and subnormal values. The reference is compressed.py's own torch
+path (``_Codec`` without kernels), so the test holds what the route relies on.
+
+GPU only (marked ``gpu``). NaN compares by position (its payload is not specified by
+either path); everything else, bytes and values, compares exactly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ringreduce.execution import compressed, quant
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="needs cupy"),
+]
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SHAPES = ((256, 3, 7), (256, 2, 5003), (24, 3, 5))
+"""(block, rows, blocks a row): odd counts, and 10006 blocks for several grid steps."""
+
+
+@pytest.fixture(scope="module")
+def kernels():  # type: ignore[no-untyped-def]
+    from ringreduce.execution.kernels import Kernels
+
+    return Kernels(torch.device("cuda", torch.cuda.current_device()))
+
+
+def _data(rows: int, k: int, block: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """Gaussian rows at mixed scales, then special blocks in row 0 (and row 1's first)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g) * torch.logspace(-3, 3, k // block) \
+        .repeat_interleave(block)
+    flat = x[0]
+    special = {
+        1: torch.zeros(block),
+        2: torch.full((block,), -0.0),
+        3: torch.arange(block, dtype=torch.float32) % 16 - 7.5,  # ties at int4's steps
+        4: torch.full((block,), 1e-44),  # the scale underflows to 0
+    }
+    for b, values in special.items():
+        if b < k // block:
+            flat[b * block:(b + 1) * block] = values
+    if k // block > 6:
+        flat[5 * block + 1] = float("inf")
+        flat[6 * block + block - 1] = float("nan")
+        flat[6 * block] = -float("inf")
+    if rows > 1:
+        x[1, :block] = 3e38
+    return x.to(dtype).cuda()
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal bits, NaN anywhere equal to NaN."""
+    if got.dtype == torch.uint8:
+        return torch.equal(got, want)
+    nan = got.isnan()
+    return torch.equal(nan, want.isnan()) and torch.equal(
+        got.masked_fill(nan, 0).view(torch.int16 if got.element_size() == 2 else torch.int32),
+        want.masked_fill(nan, 0).view(torch.int16 if got.element_size() == 2 else torch.int32))
+
+
+def _same_packed(got: torch.Tensor, want: torch.Tensor, k: int, block: int) -> bool:
+    """Scales as floats (NaN by position), payload bytes exactly."""
+    nscales = k // block * quant.SCALE_BYTES
+    got, want = got.clone(), want.clone()  # a fresh, aligned copy views as float32
+    return _same(got[:, :nscales].view(torch.float32), want[:, :nscales].view(torch.float32)) \
+        and torch.equal(got[:, nscales:], want[:, nscales:])
+
+
+def _codecs(kernels, name: str, block: int):  # type: ignore[no-untyped-def]
+    fmt, device = quant.FORMATS[name], torch.device("cuda")
+    return (compressed._Codec(fmt, block, kernels, device),
+            compressed._Codec(fmt, block, None, device))
+
+
+@pytest.mark.parametrize("name", list(quant.FORMATS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_quantize_matches_torch(kernels, name: str, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
+    for (block, rows, nblocks), feedback in itertools.product(SHAPES, (False, True)):
+        fused, torch_ops = _codecs(kernels, name, block)
+        k = nblocks * block
+        x = _data(rows, k, block, seed=nblocks, dtype=dtype)
+        residual = (torch.randn(rows, k, device="cuda") * 1e-2) if feedback else None
+        want_res = None if residual is None else residual.clone()
+        want, got = fused.packed(rows, k, x.device), fused.packed(rows, k, x.device)
+        torch_ops.quantize(x.float().clone(), want, want_res)  # it adds in place
+        fused.quantize(x, got, residual)
+        torch.cuda.synchronize()
+        what = (name, dtype, block, rows, nblocks, feedback)
+        assert _same_packed(got, want, k, block), what
+        assert residual is None or want_res is None or _same(residual, want_res), what
+
+
+@pytest.mark.parametrize("name", list(quant.FORMATS))
+def test_unaligned_rows_take_the_scalar_variant(kernels, name: str) -> None:  # type: ignore[no-untyped-def]
+    fused, torch_ops = _codecs(kernels, name, 256)
+    rows, k = 3, 7 * 256
+    base = torch.empty(rows * k + 1, device="cuda")
+    x = base[1:].view(rows, k)  # 4 bytes past 16-byte alignment: scalar loads
+    x.copy_(_data(rows, k, 256, seed=1, dtype=torch.float32))
+    raw = torch.empty(rows * fused.fmt.row_bytes(k, 256) + 1, dtype=torch.uint8, device="cuda")
+    got = raw[1:].view(rows, -1)  # 1 byte past: byte-wise scales and payload
+    want = fused.packed(rows, k, x.device)
+    torch_ops.quantize(x.clone(), want, None)
+    fused.quantize(x, got, None)
+    torch.cuda.synchronize()
+    assert _same_packed(got, want, k, 256), name
+
+
+@pytest.mark.parametrize("name", list(quant.FORMATS))
+def test_add_and_requantize_matches_torch(kernels, name: str) -> None:  # type: ignore[no-untyped-def]
+    for (block, machines, nblocks), feedback in itertools.product(SHAPES, (False, True)):
+        fused, torch_ops = _codecs(kernels, name, block)
+        k = nblocks * block
+        parts = _data(machines, k, block, seed=nblocks + 7, dtype=torch.float32)
+        got = fused.packed(machines, k, parts.device)
+        torch_ops.quantize(parts, got, None)  # each machine's row m as it crossed the rail
+        for m in range(machines):
+            mine = fused.packed(machines, k, parts.device)
+            mine[m] = got[m]
+            others = got.clone()
+            others[m] = 0  # never read: row m comes from mine
+            diffuse = torch.randn(k, device="cuda") * 1e-2
+            ours, theirs = (compressed._Errors(k, name, torch.empty(0), diffuse.clone())
+                            if feedback else None for _ in range(2))
+            sent = compressed._add(others, mine, fused, ours, m)
+            want = compressed._add(got.clone(), mine, torch_ops, theirs, m)
+            torch.cuda.synchronize()
+            what = (name, block, machines, nblocks, feedback, m)
+            assert _same_packed(sent, want, k, block), what
+            if ours is not None and theirs is not None:
+                assert _same(ours.diffuse, theirs.diffuse), what
+
+
+@pytest.mark.parametrize("name", list(quant.FORMATS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dequantize_matches_torch(kernels, name: str, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
+    ctx = SimpleNamespace(topo=SimpleNamespace(world_size=6), divisors={})
+    for (block, rows, nblocks), op in itertools.product(SHAPES, ("sum", "avg")):
+        fused, torch_ops = _codecs(kernels, name, block)
+        k = nblocks * block
+        x = _data(rows, k, block, seed=nblocks + 3, dtype=torch.float32)
+        packed = fused.packed(rows, k, x.device)
+        torch_ops.quantize(x.clone(), packed, None)
+        got = compressed._unpack(packed, fused, op, dtype, ctx)  # type: ignore[arg-type]
+        want = compressed._unpack(packed, torch_ops, op, dtype, ctx)  # type: ignore[arg-type]
+        torch.cuda.synchronize()
+        assert got.dtype == want.dtype == dtype
+        assert _same(got, want), (name, dtype, block, rows, nblocks, op)
+        if dtype == torch.float32 and nblocks > 6:
+            assert torch.equal(got[0, block:3 * block], torch.zeros(2 * block, device="cuda"))
+            bad = got[0, 5 * block:7 * block]
+            assert not torch.isfinite(bad).any(), "a block with inf/nan must come back non-finite"

@@ -5,6 +5,7 @@ Nothing here touches CUDA at import time.
 
 from __future__ import annotations
 
+from ringreduce import fsdp
 from ringreduce.config import Config
 from ringreduce.engine import Communicator
 from ringreduce.errors import RingReduceError
@@ -16,4 +17,4 @@ from ringreduce.plan.topology import Topology
 _backend.register()  # torch.distributed backend "ringreduce"; touches no GPU
 
 __all__ = ["Communicator", "Config", "RingReduceError", "Topology", "all_reduce", "ddp_hook",
-           "release_cached"]
+           "fsdp", "release_cached"]

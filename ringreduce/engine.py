@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ringreduce.config import Config, host_identity
 from ringreduce.errors import RingReduceError
-from ringreduce.execution import collectives, compressed, quant
+from ringreduce.execution import collectives, compressed, compressed_scatter, quant
 from ringreduce.execution.context import CallContext
 from ringreduce.execution.issue import Issuer, as_torch_future, untracked
 from ringreduce.execution.resources import Resources, build_resources, group_store
@@ -234,17 +234,31 @@ class Communicator:
         return fut
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor,
-                       op: Any = dist.ReduceOp.SUM,
-                       async_op: bool = False) -> torch.futures.Future[torch.Tensor] | None:
+                       op: Any = dist.ReduceOp.SUM, async_op: bool = False, *,
+                       wire: str | None = None,
+                       feedback: str | None = None) -> torch.futures.Future[torch.Tensor] | None:
         """Like ``dist.reduce_scatter_tensor(output, input, op)``: rank r receives the
         reduction over ranks of block r of ``input`` (``world_size`` blocks, each the
         size of ``output``). Hierarchical at M > 1 and D > 1 from ``min_bytes`` of
         input (collectives.py says why), NCCL's (gloo's) own otherwise. Futures
-        complete with ``output``, as all_reduce's do."""
+        complete with ``output``, as all_reduce's do.
+
+        ``wire``: ``"int8"``, ``"fp8"`` or ``"int4"`` quantizes the rail hop of a SUM or
+        AVG of float tensors at M > 1 (execution/compressed_scatter.py; a shard has one
+        owner, which keeps its own machine's partial exact); only per call, the
+        communicator's ``Config.wire`` does not apply here. ``feedback``: a key for error
+        feedback, as all_reduce's."""
         self._usable()
         op_name = checks.op_name(op)
         checks.pair(output, input, "reduce_scatter", self._res.topo.world_size,
                     self._res.device, input_blocks=True)
+        if wire is None and feedback is not None:
+            raise ValueError(f"feedback={feedback!r} needs wire='int8' (or 'fp8', 'int4') too")
+        quantized = None if wire is None else \
+            compressed.call_wire(self.config, wire, feedback, output, op_name)
+        if quantized is not None and self._res.topo.machines > 1:
+            return self._compressed_scatter(output, input, op_name, async_op, quantized,
+                                            feedback)
         hier = self._issuer.hierarchical_blocks(input)
         run = collectives.reduce_scatter if hier else collectives.flat_reduce_scatter
         out, inp, issuer = untracked(output), untracked(input), self._issuer
@@ -254,6 +268,23 @@ class Communicator:
                               output, inp),
                           lambda rec: run(out, inp, op_name, issuer.ctx(rec), None),
                           "hierarchical" if hier else "flat")
+
+    def _compressed_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str,
+                            async_op: bool, wire: str,
+                            feedback: str | None) -> torch.futures.Future[torch.Tensor] | None:
+        """A reduce_scatter on the compressed route, numbered, checked and recorded as
+        every call is (the wire format is part of the call's fingerprint)."""
+        fmt, block, issuer = quant.FORMATS[wire], self.config.wire_block, self._issuer
+        out, inp, topo = untracked(output), untracked(input), self._res.topo
+        k = compressed_scatter.padded_block(output.numel(), block)
+
+        def run(ctx: CallContext, stream: int | None) -> None:
+            error = None if feedback is None else self._feedback.errors(
+                feedback, output.numel(), wire, topo.machines, k, output.device).collect
+            compressed_scatter.reduce_scatter(out, inp, op, fmt, block, error, ctx, stream)
+        return self._call("reduce_scatter", input, f"{op} wire={wire}", async_op, output,
+                          lambda rec: issuer.inline(run, rec, async_op, output, inp),
+                          lambda rec: run(issuer.ctx(rec), None), f"compressed {wire}")
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor,
                    async_op: bool = False) -> torch.futures.Future[torch.Tensor] | None:

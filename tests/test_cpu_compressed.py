@@ -202,7 +202,14 @@ def _bad_arguments(comm: ringreduce.Communicator, rank: int, world: int) -> None
             comm.all_reduce(t, **kwargs)  # type: ignore[arg-type]  # wrong on purpose
     with pytest.raises(TypeError, match=r"not torch.int32"):
         comm.all_reduce(torch.ones(8, dtype=torch.int32), wire="int8")
+    out, blocks = torch.zeros(25), torch.ones(100)
+    for kwargs, exc, pattern in [*cases[:2], ({"feedback": "k"}, ValueError,
+                                              r"feedback='k' needs wire='int8'")]:
+        with pytest.raises(exc, match=pattern):
+            comm.reduce_scatter(out, blocks, **kwargs)  # type: ignore[arg-type]  # on purpose
     assert comm.op_number == before and torch.equal(t, torch.ones(100))
+    comm.reduce_scatter(out, blocks, wire="int8", feedback="rs")
+    assert torch.equal(out, torch.full((25,), float(world)))  # small integers: exact in int8
     comm.all_reduce(t, wire="int8")
     assert torch.equal(t, torch.full((100,), float(world)))  # 4 ranks: exact in int8
 

@@ -3,7 +3,7 @@ without error feedback), the add's dequantize + fp32 sum + requantize, and the f
 dequantize (with AVG and the cast), for every format, float32/float16/bfloat16, blocks
 of 256 and 24 (two lanes of 12 values), unaligned rows, and blocks of zeros, -0.0,
 inf, nan, ties, huge and subnormal values. The reference is compressed.py's own torch
-path (``_Codec`` without kernels), so the test holds what the route relies on.
+path (``Codec`` without kernels), so the test holds what the route relies on.
 
 GPU only (marked ``gpu``). NaN compares by position (its payload is not specified by
 either path); everything else, bytes and values, compares exactly.
@@ -81,8 +81,8 @@ def _same_packed(got: torch.Tensor, want: torch.Tensor, k: int, block: int) -> b
 
 def _codecs(kernels, name: str, block: int):  # type: ignore[no-untyped-def]
     fmt, device = quant.FORMATS[name], torch.device("cuda")
-    return (compressed._Codec(fmt, block, kernels, device),
-            compressed._Codec(fmt, block, None, device))
+    return (compressed.Codec(fmt, block, kernels, device),
+            compressed.Codec(fmt, block, None, device))
 
 
 @pytest.mark.parametrize("name", list(quant.FORMATS))

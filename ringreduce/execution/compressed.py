@@ -26,7 +26,7 @@ Python on the caller's stream, after a native issuer's queued calls
 (issue.Issuer.inline), like the block collectives.
 
 Compute, on CUDA with cupy: three fused kernels of native/quant.cu, one pass each,
-bit for bit the torch ops' results (``_Codec``): quantize (with the collect error),
+bit for bit the torch ops' results (``Codec``): quantize (with the collect error),
 add (the M dequantizations, their sum, the diffuse error and the requantization of
 ``reduced``, which is never stored) and the final dequantize (with AVG's division and
 the cast to t's dtype). With one device a machine and no padding they read ``t``
@@ -146,7 +146,7 @@ def all_reduce(t: torch.Tensor, op: str, fmt: Format, block: int, errors: _Error
     if errors is not None and t.is_cuda:  # kept across calls, maybe on other streams
         for kept in (errors.collect, errors.diffuse):
             kept.record_stream(torch.cuda.current_stream(t.device))
-    codec = _Codec(fmt, block, ctx.kernels if t.is_cuda else None, t.device)
+    codec = Codec(fmt, block, ctx.kernels if t.is_cuda else None, t.device)
     part = _machine_part(t, k, codec, ctx, stream)
     got, mine = _collect(part, codec, errors, ctx, stream)
     sent = _add(got, mine, codec, errors, ctx.topo.machine_index)
@@ -160,7 +160,7 @@ def padded_row(n: int, devices: int, machines: int, block: int) -> int:
     return -(-n // group) * block
 
 
-class _Codec:
+class Codec:
     """quantize/dequantize of one call: the fused kernels of native/quant.cu on CUDA
     when cupy is there (``kernels``), else quant.py's torch ops (the CPU; CUDA without
     cupy, logged at setup). The kernels produce the torch ops' bytes and values on CUDA
@@ -188,7 +188,7 @@ class _Codec:
             _keep_error(torch.sub(x, residual, out=residual))
 
 
-def _machine_part(t: torch.Tensor, k: int, codec: _Codec, ctx: CallContext,
+def _machine_part(t: torch.Tensor, k: int, codec: Codec, ctx: CallContext,
                   stream: int | None) -> torch.Tensor:
     """(M, k): this machine's sum of view[d], widened (fp32) before summing; with one
     device and no padding, ``t`` itself for the kernels (they read any float dtype and
@@ -211,7 +211,7 @@ def _machine_part(t: torch.Tensor, k: int, codec: _Codec, ctx: CallContext,
     return part
 
 
-def _collect(part: torch.Tensor, codec: _Codec, errors: _Errors | None, ctx: CallContext,
+def _collect(part: torch.Tensor, codec: Codec, errors: _Errors | None, ctx: CallContext,
              stream: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(got, mine): every machine's partial of row m as it crossed the rail (got[m]
     not filled: it is mine[m]), and this machine's partials, each quantized once."""
@@ -226,7 +226,7 @@ def _collect(part: torch.Tensor, codec: _Codec, errors: _Errors | None, ctx: Cal
     return got, mine
 
 
-def _add(got: torch.Tensor, mine: torch.Tensor, codec: _Codec, errors: _Errors | None,
+def _add(got: torch.Tensor, mine: torch.Tensor, codec: Codec, errors: _Errors | None,
          m: int) -> torch.Tensor:
     """(1, row bytes): the sum over machines of row m, in fp32, machines 0..M-1 on every
     rank (one fixed order), plus the diffuse error, quantized once for diffuse."""
@@ -247,7 +247,7 @@ def _add(got: torch.Tensor, mine: torch.Tensor, codec: _Codec, errors: _Errors |
     return sent
 
 
-def _row_elements(packed: torch.Tensor, codec: _Codec) -> int:
+def _row_elements(packed: torch.Tensor, codec: Codec) -> int:
     """Elements of one packed row (quant.Format.row_bytes inverted)."""
     fmt, block = codec.fmt, codec.block
     k = packed.shape[1] * 8 * block // (8 * SCALE_BYTES + fmt.bits * block)
@@ -265,7 +265,7 @@ def _diffuse(sent: torch.Tensor, ctx: CallContext, stream: int | None) -> torch.
     return rows
 
 
-def _unpack(rows: torch.Tensor, codec: _Codec, op: str, dtype: torch.dtype,
+def _unpack(rows: torch.Tensor, codec: Codec, op: str, dtype: torch.dtype,
             ctx: CallContext) -> torch.Tensor:
     """(M, k) in ``dtype``: the rows dequantized (fp32), / N for AVG, rounded once."""
     k, world = _row_elements(rows, codec), ctx.topo.world_size

@@ -66,8 +66,8 @@ def cases(kernels: Kernels, name: str, feedback: bool) -> dict[str, tuple[Callab
                                                                          int]]:
     """kernel -> (fused launch, torch ops, bytes the fused kernel moves)."""
     fmt, block, device = quant.FORMATS[name], DEFAULT_WIRE_BLOCK, torch.device("cuda")
-    fused = compressed._Codec(fmt, block, kernels, device)
-    ops = compressed._Codec(fmt, block, None, device)
+    fused = compressed.Codec(fmt, block, kernels, device)
+    ops = compressed.Codec(fmt, block, None, device)
     k = VALUES // MACHINES
     row = fmt.row_bytes(k, block)
     x = torch.randn(MACHINES, k, device="cuda")

@@ -17,7 +17,7 @@ from pathlib import Path
 import ringreduce
 from ringreduce.execution import kernels
 
-KERNEL_SOURCES = ("add.cu", "wire.cu", "check.cu", "numeric.cuh")
+KERNEL_SOURCES = ("add.cu", "wire.cu", "check.cu", "quant.cu", "numeric.cuh")
 
 
 def main() -> int:

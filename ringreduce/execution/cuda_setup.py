@@ -71,8 +71,9 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
     if kernels.available():
         res.kernels = kernels.Kernels(res.device)
     elif topo.rank == 0:
-        log.warning("cupy is not importable: the add stage uses torch ops instead of the "
-                    "fused native/add.cu kernel; install ringreduce[cu12] or [cu13]")
+        log.warning("cupy is not importable: the add stage and the quantized wires use "
+                    "torch ops instead of the fused kernels of native/add.cu and quant.cu; "
+                    "install ringreduce[cu12] or [cu13]")
     res.transport = NcclTransport(topo, comms, timeout_s, blocking, res.kernels,
                                   gathers=config.diffuse_gather)
     res.sync = CudaStreams(res.device, schedule.event_names(

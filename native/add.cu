@@ -1,7 +1,7 @@
 // The add stage: own[i] = reduce(own[i], rows[0][i], ..., rows[R-1][i]), one pass.
 //
 // Bandwidth-bound: each element of the R staged rows and the own row is read once and
-// the own row written once, so the kernel should run at device-copy speed (target T8).
+// the own row written once, so the kernel should run at device-copy speed.
 // 16-bit floats accumulate in fp32 and round once; AVG divides the exact sum by N at
 // the end (integer AVG truncates toward zero, like C++ division and NCCL).
 //

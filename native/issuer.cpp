@@ -255,9 +255,9 @@ struct Job {
 // were submitted or run, across Issuers: a job waits for its ticket. NCCL kernels of
 // different communicators on one device must reach it in one order on every rank, or
 // each rank's kernels wait for peers' kernels queued behind others (a deadlock): two
-// native-async Communicators, each worker issuing on its own, hung at 2x2 (results
-// 2026-11-25-h100-caller-time, run 41). Callers make their calls in one order on every
-// rank (the collective contract), so tickets taken in call order give one issue order.
+// native-async Communicators, each worker issuing on its own, hung at 2x2. Callers make
+// their calls in one order on every rank (the collective contract), so tickets taken in
+// call order give one issue order.
 // Fairring has one worker per device for the same reason. Never destroyed: worker
 // threads may still touch it while the process exits.
 struct Order {
@@ -650,8 +650,8 @@ void release_finished(State& s) {  // GIL held
 // released first. With the lock still held there, a waiter woken by its timeout sat on
 // mu waiting for the GIL while a Python thread holding the GIL (the watchdog's state(),
 // the caller's state() or error()) waited for mu: both stopped, and with them the worker
-// (it takes mu between jobs), so the peers' NCCL kernels waited for this rank's. That
-// was native-async's "device hang" (benchmarks/results/2026-11-25-h200-worker-hang).
+// (it takes mu between jobs), so the peers' NCCL kernels waited for this rank's: a host
+// deadlock that looks like a device hang.
 // The wait itself, for a caller that released the GIL already (follow).
 template <typename Pred>
 bool wait_released(std::mutex& mu, std::condition_variable& cv, double timeout_s, Pred pred) {
@@ -849,7 +849,7 @@ PyObject* issuer_submit(Issuer* self, PyObject* args) {
 // The same program and the same order as the Python issuer, only without ~100 Python
 // calls: no other thread issues CUDA or NCCL work for this communicator, so nothing
 // can interleave with a half-issued job (the worker thread could, and hung on H200
-// under MPS, benchmarks/results/2026-11-23-h200-native). Refused while jobs are queued.
+// under MPS). Refused while jobs are queued.
 PyObject* issuer_run(Issuer* self, PyObject* args) {
     PyObject* program;
     unsigned long long base, entry_stream;
@@ -911,14 +911,13 @@ PyObject* issuer_wait_issued(Issuer* self, PyObject* args) {
 // lazily, a free), in any thread, would then wait for that stream, and so for the
 // worker, which may itself be the one synchronising (a deadlock, seen on H200 before
 // this rule). An event, not cuStreamWaitValue32 on the mapped flag: tried twice under
-// MPS, the flag wait hung (H200, 2026-11-23) and, after the GIL/lock fix, let futures
-// complete before their results (H100, results 2026-11-25-h200-worker-hang, run 40), as
-// CUDA's driver API warns: orderings made through stream memory operations are not
-// visible to CUDA and must also be expressed with events. Event waits are what the
-// Python issuer's streams have always used. A job more than
-// kEntryRing behind the newest issued one has had its event recorded again by a later
-// job on the same in-order stream: the wait then lasts until that later job, longer but
-// never too short.
+// MPS, the flag wait hung (H200) and, with the GIL/lock order kept, let futures
+// complete before their results (H100), as CUDA's driver API warns: orderings made
+// through stream memory operations are not visible to CUDA and must also be expressed
+// with events. Event waits are what the Python issuer's streams have always used. A job
+// more than kEntryRing behind the newest issued one has had its event recorded again by
+// a later job on the same in-order stream: the wait then lasts until that later job,
+// longer but never too short.
 PyObject* issuer_stream_wait(Issuer* self, PyObject* args) {
     unsigned long long stream;
     unsigned long seq_arg;
@@ -968,8 +967,7 @@ void wait_quiet(State& s, double quiet_s, double max_delay_s) {
 // 0: seq not issued within timeout_s; -1: job seq failed or was refused (error() says
 // why), and nothing was enqueued. All of it in one release of the GIL: each time the
 // completer thread takes the GIL from a caller making calls back to back, the caller
-// waits (results 2026-11-25-h100-lean-call); quiet_s keeps it off the GIL while the
-// caller is making calls.
+// waits; quiet_s keeps it off the GIL while the caller is making calls.
 PyObject* issuer_follow(Issuer* self, PyObject* args) {
     unsigned long long stream;
     unsigned long seq_arg, last_arg = 0;

@@ -39,11 +39,11 @@ MIN_CALL_SHARD_BYTES = 256 * KiB
 #: `collect`; 64 MiB keeps 16+ slices of 4 MiB in flight, like Fairring's 50 MiB.
 DEFAULT_STAGING_BYTES = 64 * MiB
 
-#: Below this size the hierarchical path's launches cost more than they save. Measured
-#: on emulated 2 x 1 machines (benchmarks/results/2026-11-23-h200x2-core): the pipeline
-#: ran at 0.66-0.78x NCCL at 1 MiB and 0.75-0.97x at 4 MiB (one slice, nothing to
-#: overlap), 1.0-1.24x from 16 MiB; FINDINGS.md saw a two-level scheme win from 4 MiB
-#: at 2 x 2. So tensors below 2 MiB take NCCL's own all-reduce (a documented fast path).
+#: Below this size the hierarchical path's launches cost more than they save. Measured on
+#: emulated 2 x 1 machines (two H200s): the pipeline ran at 0.66-0.78x NCCL at 1 MiB and
+#: 0.75-0.97x at 4 MiB (one slice, nothing to overlap), 1.0-1.24x from 16 MiB; FINDINGS.md
+#: saw a two-level scheme win from 4 MiB at 2 x 2. So tensors below 2 MiB take NCCL's own
+#: all-reduce (a documented fast path).
 DEFAULT_MIN_BYTES = 2 * MiB
 
 _ENV = {
@@ -144,7 +144,7 @@ class Config:
     """Check, the same way, the first call of every (kind, numel, dtype, op) a rank has
     not made before (``RINGREDUCE_CHECK_NEW_CALLS``; 0 turns it off). NCCL's send/recv
     do not compare sizes: a rank whose peer calls with a dtype of another width
-    returned wrong values as success (H100, benchmarks/results/2026-11-25-h100-engine-v2).
+    returned wrong values as success (seen on H100).
     One store round trip per new kind of call, none in a steady stream of DDP buckets;
     ranks that swap two calls each has made before are ``check_call_end``'s."""
 
@@ -208,12 +208,11 @@ class Config:
     """CUDA only: keep up to this many repeated hierarchical all-reduces as CUDA graphs
     and replay them (``RINGREDUCE_GRAPHS``; 0, the default, never captures). A call is
     captured the second time the same tensor (address, size, dtype, op) comes back, as
-    DDP's buckets do every step; graphs.py says why that is safe. Measured (2 x 1 on
-    one H200, 20 Gbit/s cap, benchmarks/results/2026-11-23-h200-t6, -overlap): host time
-    per 25 MiB call about 1200 us -> 123-181 us, 16 back-to-back buckets 1.27x NCCL (1.24x
-    eager), DLRM-style DDP 0.99x (hook). Opt-in: in a stream of back-to-back calls on
-    the same tensors the host waited for the device with replay (graphs.py says when),
-    which eager calls never do."""
+    DDP's buckets do every step; graphs.py says why that is safe. Measured (2 x 1 on one
+    H200, 20 Gbit/s cap): host time per 25 MiB call about 1200 us -> 123-181 us, 16
+    back-to-back buckets 1.27x NCCL (1.24x eager), DLRM-style DDP 0.99x (hook). Opt-in:
+    in a stream of back-to-back calls on the same tensors the host waited for the device
+    with replay (graphs.py says when), which eager calls never do."""
 
     nccl_blocking: bool = True
     """CUDA only: the communicators that carry traffic are blocking NCCL communicators
@@ -222,9 +221,9 @@ class Config:
     watchdog aborts them after it. Blocking by default, from measurement: NCCL (2.2x,
     src/group.cc) hands every ``ncclGroupEnd`` on a non-blocking communicator to a
     new thread, and a 25 MiB call at 2 x 1 (14 groups) cost 3003 us of host time
-    against 1465 us blocking (H200, benchmarks/results/2026-11-23-h200-host). The
-    one wait a blocking communicator adds, connection setup inside the first call to
-    a peer, is bounded by the watchdog, which also watches calls being issued."""
+    against 1465 us blocking (H200). The one wait a blocking communicator adds,
+    connection setup inside the first call to a peer, is bounded by the watchdog, which
+    also watches calls being issued."""
 
     issuer: str | None = None
     """CUDA only: who issues a call's hierarchical work (``RINGREDUCE_ISSUER``).
@@ -234,15 +233,15 @@ class Config:
     (opt-in): replayed by a C++ worker thread; an asynchronous call returns without
     waiting for it, nor for earlier calls on the same tensor (2 x 2, H100 under MPS,
     25 MiB: 1.4x the host time of NCCL's own asynchronous call back to back; yet DDP's
-    transformer trained at 1.16x NCCL with it against 1.37x with native, results
-    2026-11-25-h100-lean-call, runs 62-66). Its old hang was a host
-    deadlock (results 2026-11-25-h200-worker-hang); the native issuers of a process issue
-    in one order, that of the calls. Not the default: while calls are queued,
-    NCCL work the caller's thread issues itself (torch's ``dist`` calls) may hang, as
-    NCCL warns of two threads issuing on one device. DDP's hook keeps that rule: its
-    last bucket of a backward returns once the worker issued everything, before DDP's
-    own NCCL work (with find_unused_parameters it comes right after); NCCL work issued
-    *during* the backward (SyncBatchNorm, tensor-parallel layers) does not keep it.
+    transformer trained at 1.16x NCCL with it against 1.37x with native). The native
+    issuers of a process issue in one order, that of the calls, and never wait for the
+    GIL while holding the issuer's lock (either would deadlock). Not the default: while
+    calls are queued, NCCL work the caller's thread issues itself (torch's ``dist``
+    calls) may hang, as NCCL warns of two threads issuing on one device. DDP's hook
+    keeps that rule: its last bucket of a backward returns once the worker issued
+    everything, before DDP's own NCCL work (with find_unused_parameters it comes right
+    after); NCCL work issued *during* the backward (SyncBatchNorm, tensor-parallel
+    layers) does not keep it.
     ``None``: native where it can run (the
     extension is built, communicators are blocking (``nccl_blocking``), cupy imports),
     else python, with the reason logged once; an explicit native that cannot run is
@@ -262,12 +261,12 @@ class Config:
     communicator, collect and diffuse another (``RINGREDUCE_PAIR_COMMS``; 0: one per
     stage). A wave holds at most one step of each stage, so its group launches one
     kernel per pair instead of one per stage, and half the communicators means half
-    the proxy threads. Measured (H100 under MPS, 2 x 2 loopback, 25 MiB, same processes,
-    benchmarks/results/2026-11-25-h100-engine-v2 run 8): CPU per call 43 ms against 69,
-    busy cores 3.0 against 3.8, back-to-back wall 14.4 ms against 18.0; the caller's
-    host time did not move (675 us against 677: it is per NCCL operation, not per kernel
-    launched). Without wave groups the two stages of a pair would serialise on their
-    shared communicator, so each keeps its own."""
+    the proxy threads. Measured (H100 under MPS, 2 x 2 loopback, 25 MiB, same
+    processes): CPU per call 43 ms against 69, busy cores 3.0 against 3.8, back-to-back
+    wall 14.4 ms against 18.0; the caller's host time did not move (675 us against 677:
+    it is per NCCL operation, not per kernel launched). Without wave groups the two
+    stages of a pair would serialise on their shared communicator, so each keeps its
+    own."""
 
     diffuse_gather: bool = True
     """Without a wire format, diffuse is one in-place all-gather on the rail
@@ -275,11 +274,10 @@ class Config:
     rows) instead of a send and a receive per other machine
     (``RINGREDUCE_DIFFUSE_GATHER``; 0: the sends and receives). The same bytes to the
     same peers in one NCCL operation instead of 2(M-1): measured (H100 under MPS, same
-    processes, benchmarks/results/2026-11-25-h100-quiet-completer run 69), 6-19% less
-    host time in NCCL's group calls at 4 x 2, no difference at 2 x 2 (one collective
-    costs about what a send and a receive cost), DDP unchanged. With a wire format the
-    rows travel through the staging slot, which has no row of this machine's own, so
-    diffuse sends and receives."""
+    processes), 6-19% less host time in NCCL's group calls at 4 x 2, no difference at
+    2 x 2 (one collective costs about what a send and a receive cost), DDP unchanged.
+    With a wire format the rows travel through the staging slot, which has no row of
+    this machine's own, so diffuse sends and receives."""
 
     issue_probes: int = 0
     """CUDA, native issuers: a hang's diagnosis (``RINGREDUCE_ISSUE_PROBES``): record an

@@ -52,7 +52,7 @@ def finish_average(t: torch.Tensor, world_size: int, divisor: torch.Tensor | Non
 
     Not ``t.div_(world_size)``: for a Python-number divisor torch's CUDA kernel
     multiplies by the rounded reciprocal, which is not correctly rounded (it differed
-    from native/add.cu's true division in the last bit, GPU kernel tests 2026-11-23).
+    from native/add.cu's true division in the last bit in the GPU kernel tests).
     A 0-dim tensor on the same device takes the true-division path, with no copy
     from the host: ``divisor`` (the communicator's, made once), else a fill kernel."""
     if t.is_floating_point():

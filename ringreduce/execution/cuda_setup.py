@@ -105,8 +105,8 @@ def relaxed_capture_mode() -> None:
     thread captures a CUDA graph in the default, global mode, as torch.cuda.graph()
     does: CUDA refuses such calls from every thread then
     (cudaErrorStreamCaptureUnsupported), and the watchdog took the refusal for a failed
-    call and aborted (a caller's capture at 4 x 2, results 2026-11-25-h100-issue-order,
-    run 31). The thread's own calls are never captured, so relaxed is safe for it."""
+    call and aborted (seen with a caller's capture at 4 x 2). The thread's own calls are
+    never captured, so relaxed is safe for it."""
     mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
     try:
         exchange = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
@@ -203,7 +203,7 @@ def finalize(res: Resources, comm: Any, timeout_s: float, blocking: bool) -> Non
 
 def abort_together(comms: dict[str, Any], device: torch.device) -> None:
     """ncclCommAbort on every communicator at once, one thread each, waiting a bounded
-    time. One after another hangs (seen on H200, NCCL 2.28, 2026-11-23): the first
+    time. One after another hangs (seen on H200, NCCL 2.28): the first
     abort frees device memory, which waits for the device, where the other
     communicators' kernels still wait for the dead peer; they leave only once their
     own abort flag is set. A communicator whose abort does not return in time is

@@ -1,4 +1,4 @@
-"""Replay: repeated hierarchical all-reduces as CUDA graphs (the host-time fix, T6).
+"""Replay: repeated hierarchical all-reduces as CUDA graphs, to cut their host time.
 
 Issuing the pipeline from Python costs about a millisecond per 25 MiB call (1.2 ms at
 2 x 1 on H200: per slice, NCCL groups, kernel launches, events, views), while data-parallel training
@@ -19,7 +19,7 @@ Why replay is correct:
     calls (a staging or padding slot's release, each stage's last work: the stage
     "tails") become external event nodes on the communicator's named events. CUDA
     honours those exactly as streams honour events: a wait sees the last record
-    launched before it (benchmarks/graph_events.py, results 2026-11-23-h200-overlap).
+    launched before it (benchmarks/graph_events.py checks it).
     So a replay's slice i waits only for its slot and for the previous call's work on
     the same stage (one NCCL communicator each, whose order every rank must share).
     Replays alternate between two streams, so consecutive ones can overlap.
@@ -31,8 +31,7 @@ Why replay is correct:
   * NCCL keeps a communicator alive while any graph that captured it exists (its
     ncclCommDestroy waits for them), so closing drops these graphs first.
 
-Measured (benchmarks/results/2026-11-23-h200-graphs, -host, -t6, -overlap; 2 x 1 on one
-H200, 20 Gbit/s cap):
+Measured (2 x 1 on one H200, 20 Gbit/s cap):
   * Host time per 25 MiB call: about 1200 us eager, 123-181 us replayed. A graph holding
     NCCL costs ~40 us per captured communicator to launch, one without 3 us.
   * 16 back-to-back 25 MiB buckets: 1.27x NCCL replayed against 1.24x eager in the same

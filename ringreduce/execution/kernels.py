@@ -40,10 +40,10 @@ _TYPES: dict[torch.dtype, tuple[str, str, Any]] = {
 _OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 
 #: 256 threads x 16 bytes a thread, in a grid-stride loop over a bounded grid: no block
-#: per 4 KiB. Blocks per SM by element size, measured on H200 (2026-11-23,
-#: benchmarks/results/2026-11-23-h200-graphs): 16-bit types widen 8 elements per load
-#: and need a full SM (2048 threads) to hide it, 0.82 -> 0.98-1.03 of a device copy;
-#: 32-bit types run best at half occupancy (0.99-1.03 against 0.93-0.98 at full).
+#: per 4 KiB. Blocks per SM by element size, measured on H200: 16-bit types widen 8
+#: elements per load and need a full SM (2048 threads) to hide it, 0.82 -> 0.98-1.03 of
+#: a device copy; 32-bit types run best at half occupancy (0.99-1.03 against 0.93-0.98
+#: at full).
 THREADS = 256
 BLOCKS_PER_SM = {2: 8}
 DEFAULT_BLOCKS_PER_SM = 4

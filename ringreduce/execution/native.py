@@ -5,7 +5,7 @@ first time by recording.trace) and one call into ringreduce._native (native/issu
 
   native        Issuer.run, the default: on the caller's thread, without the GIL,
                 before the call returns. The same work, order and thread as the Python
-                issuer; only the ~100 Python calls are gone.
+                issuer, without its ~100 Python calls.
   native-async  Issuer.submit, opt-in: the job is queued for a worker thread (C++, no
                 GIL) and an asynchronous call returns without waiting for it; a
                 completer thread completes its Future once the job is issued and
@@ -13,37 +13,38 @@ first time by recording.trace) and one call into ringreduce._native (native/issu
                 synchronous call still waits on the host until its job is issued. A
                 call on memory an earlier queued call still uses follows it on the
                 device (``after``: the worker adds the wait), so the caller never waits
-                for the worker then either. Its long-standing "device hang" was a host
-                deadlock between the GIL and the issuer's lock (results
-                2026-11-25-h200-worker-hang, fixed there). While jobs are queued, the
-                caller's thread must not issue NCCL work of its own (torch's dist
-                calls): two threads issuing on communicators of one device at once hung
-                there. DDP's hook keeps the rule: its last bucket of a backward
-                returns once every queued job is issued (engine._hook_all_reduce), and
-                DDP issues NCCL work of its own only after that bucket (with
-                find_unused_parameters, right after it). NCCL work issued during the
-                backward itself (SyncBatchNorm, tensor-parallel layers) does not.
+                for the worker then either.
 
-Every Issuer of the process issues in one order, the order of the calls (a ticket per
-job, native/issuer.cpp ``Order``), whichever thread issues: two native-async
-Communicators whose workers issued independently hung at 2x2 (results
-2026-11-25-h100-caller-time, run 41). ``drain`` waits for every Issuer's queue, so work
-the caller issues from Python comes after all of it.
+The rules it keeps, each because breaking it deadlocks:
 
-Either way the program records an entry event on the caller's stream first; its last
-instruction writes the call's number into a flag in host memory (what the watchdog
-polls) and records the job's done event, which the stream that must follow the result
-waits for, and only once the job is issued: a stream waiting on work nobody has
-enqueued yet deadlocked the first GPU run (a context-wide synchronisation, e.g. CUDA
-loading a kernel lazily, waits for that stream).
+* One issue order per process: every Issuer issues in the order of the calls (a
+  ticket per job, native/issuer.cpp ``Order``), whichever thread issues, because NCCL
+  kernels of different communicators must reach each device in the same order on every
+  rank; workers issuing independently hang. ``drain`` waits for every Issuer's queue,
+  so work the caller issues from Python comes after all of it.
+* While jobs are queued, the caller's thread issues no NCCL work of its own (torch's
+  dist calls): two threads issuing on communicators of one device at once hang. DDP's
+  hook keeps the rule: its last bucket of a backward returns once every queued job is
+  issued (engine._hook_all_reduce), and DDP issues NCCL work of its own only after
+  that bucket (with find_unused_parameters, right after it). NCCL work issued during
+  the backward itself (SyncBatchNorm, tensor-parallel layers) does not.
+* The GIL is never requested while the issuer's lock is held (native/issuer.cpp
+  ``wait_released``): the two taken in opposite orders stop the worker, and with it the
+  peers' NCCL kernels, which looks like a device hang.
+* A stream waits only on issued work: the program records an entry event on the
+  caller's stream first; its last instruction writes the call's number into a flag in
+  host memory (what the watchdog polls) and records the job's done event, which the
+  stream that must follow the result waits for only once the job is issued. A stream
+  waiting on work nobody has enqueued yet blocks any context-wide synchronisation
+  (e.g. CUDA loading a kernel lazily), and so the issuer.
 
-The watchdog watches each call through ``Completion`` (the flag reached ``seq``), one
-per active stage as for Python-issued calls (the device does not say which stage is
-stuck, so it names the first, with that stage's peers, and where the issuer is); an
-NCCL error inside the replay makes ``query()`` raise, and a dead peer leaves the flag
-short until the deadline: either way the watchdog aborts the communicators, after
-``stop()`` made the issuing thread leave NCCL, and every job's flag is still written
-so that no stream waits forever.
+On failure, the watchdog watches each call through ``Completion`` (the flag reached
+``seq``), one per active stage as for Python-issued calls (the device does not say which
+stage is stuck, so it names the first, with that stage's peers, and where the issuer
+is); an NCCL error inside the replay makes ``query()`` raise, and a dead peer leaves the
+flag short until the deadline: either way the watchdog aborts the communicators, after
+``stop()`` made the issuing thread leave NCCL, and every job's flag is still written so
+that no stream waits forever.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ the keys repeat in training (one per DDP bucket size), and a workload of ever-ne
 sizes must not grow memory without bound."""
 _QUIET_S = 200e-6
 """The completer completes Futures once no call was submitted for this long (a caller
-making calls back to back submits every 40-80 µs at 2 x 2, results
-2026-11-25-h100-quiet-completer), so it takes the GIL while the caller does not need it."""
+making calls back to back submits every 40-80 µs at 2 x 2), so it takes the GIL while
+the caller does not need it."""
 _MAX_DELAY_S = 5e-3
 """... or, while calls keep coming, this long after a job was issued."""
 _SEQS = 1 << 32
@@ -172,13 +173,12 @@ class Completer:
     worker failed or never issued (a failure, close) get the RingReduceError.
 
     Its GIL time is the caller's loss: each time this thread takes the GIL from a caller
-    making calls back to back, the caller waits (results 2026-11-25-h100-lean-call, run
-    61: 99 µs a call against 59 with completion deferred). So it completes Futures while
-    the caller is quiet: once a job is issued, ``Issuer.follow`` waits (without the GIL)
-    until the process submitted nothing for ``_QUIET_S`` or ``_MAX_DELAY_S`` passed, then
-    completes every queued Future whose job is issued by then, each after the done
-    stream waits for its own job (results 2026-11-25-h100-quiet-completer: 1.10-1.17x
-    NCCL's call back to back, against 1.71-1.79x)."""
+    making calls back to back, the caller waits (measured: 99 µs a call against 59 with
+    completion deferred). So it completes Futures while the caller is quiet: once a job
+    is issued, ``Issuer.follow`` waits (without the GIL) until the process submitted
+    nothing for ``_QUIET_S`` or ``_MAX_DELAY_S`` passed, then completes every queued
+    Future whose job is issued by then, each after the done stream waits for its own job
+    (measured: 1.10-1.17x NCCL's call back to back, against 1.71-1.79x)."""
 
     def __init__(self, worker: Any, stream: int, failed: Callable[[], bool],
                  failure_text: Callable[[Record], str], setup: Callable[[], None]) -> None:
@@ -357,8 +357,8 @@ class NativeIssuer:
         caller's thread, so that everything done once happens there while no stream
         waits on a flag: NCCL connecting peers and loading kernels, cupy kernels
         loading. CUDA loads a kernel lazily at its first launch, and loading may
-        synchronise the context; seen on H200 (2026-11-23): with the caller's stream
-        already waiting for the worker's flag, first calls issued by the worker hung."""
+        synchronise the context: with the caller's stream already waiting for the
+        worker's flag, first calls issued by the worker hung (seen on H200)."""
         key = (t.numel(), t.dtype, op, t.data_ptr() & 15)
         program = self._programs.get(key)
         if program is not None:
@@ -428,7 +428,7 @@ class NativeIssuer:
     def _current_done(self) -> None:
         """The completer thread's setup: the done stream is its current stream for good,
         so each Future records its event after the wait (entering a stream context cost
-        20 µs a Future, results 2026-11-25-h100-lean-call)."""
+        20 µs a Future)."""
         torch.cuda.set_device(self.res.device)
         torch.cuda.set_stream(self.done)
 

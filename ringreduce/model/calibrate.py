@@ -26,7 +26,7 @@ from .simulate import Options, steady_time_us
 #: freely by a factor of ~2 when the data ask for it, not by 100 when they do not.
 PRIOR_WEIGHT = 0.02
 NCCL_HOST_US = 100.0
-"""NCCL's own host time per call (80-140 us measured, results/2026-11-23-h200-t6)."""
+"""NCCL's own host time per call (80-140 us measured)."""
 
 
 @dataclass(frozen=True)

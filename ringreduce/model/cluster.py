@@ -19,15 +19,13 @@ NCCL_NET_LAT_US = 14.0
 #: ringreduce's measured host cost of an eager call with the default engine (native issuer,
 #: waves, paired communicators): 580 us for a 25 MiB call of 7 slices at 2 x 2 on an H100
 #: under MPS, of which a wave group's ncclGroupEnd is 32 us and a call has slices + 4 of
-#: them (benchmarks/results/2026-11-25-h100-engine-v2/README.md, run 12). Per slice: a
-#: group, the add launch (6 us), events and enqueues (~10 us) = 48 us; per call: four
-#: groups, the flag and the Python around the call (106 us) = 240 us; the end-of-call
-#: check (on by default since) adds a group and two kernel launches: +43 us back to back
-#: (benchmarks/results/2026-11-25-h100-call-check, run 17), so 280 us. The Python issuer
-#: of 2026-11-23 cost "about 500 us per call plus 100 us per slice" (h200-t6). Since
-#: 2026-11-25 (h100-issue-order) the add goes out in its collect's wave, so a call has
-#: slices + 3 wave groups, one fewer; not recalibrated, because that folder's host
-#: figures varied up to 2x between machines.
+#: them. Per slice: a group, the add launch (6 us), events and enqueues (~10 us) = 48 us;
+#: per call: four groups, the flag and the Python around the call (106 us) = 240 us; the
+#: end-of-call check (on by default) adds a group and two kernel launches: +43 us back to
+#: back, so 280 us. (The Python issuer cost "about 500 us per call plus 100 us per
+#: slice".) The add now goes out in its collect's wave, so a call has slices + 3 wave
+#: groups, one fewer; not recalibrated, because the host figures measured with that
+#: change varied up to 2x between machines.
 MEASURED_HOST_CALL_US = 280.0
 MEASURED_HOST_SLICE_US = 48.0
 

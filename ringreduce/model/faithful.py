@@ -14,9 +14,9 @@ Two kinds of measured rows:
   2.28.9, torch 2.11, ``-n 3 -w 1 -r 3``; also ../shared/FINDINGS.md). That table is not
   yet a results folder: the faithful ``gpu.sh perf`` run that will hold it is issue 35's
   item 4;
-* times (ms) from ``benchmarks/results/2026-11-26-h100x2-compressed`` (benchmarks/compressed.py,
-  one AVG call, median of 5 rounds x 10 calls; NCCL's tree in a second process set, whose
-  ringreduce time is the second one given).
+* times (ms) from the results folder :data:`COMPRESSED` names, under ``benchmarks/results/``
+  (benchmarks/compressed.py, one AVG call, median of 5 rounds x 10 calls; NCCL's tree in a
+  second process set, whose ringreduce time is the second one given).
 """
 
 from __future__ import annotations

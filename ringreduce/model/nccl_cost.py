@@ -26,13 +26,13 @@ rails.
 Two tree figures, because NCCL's tuner and NCCL's kernels disagree. The tuner *chooses* by
 its estimate (:func:`tree_estimate_us`, with ``treeCorrectionFactor``, 0.5-0.9 at 1 KiB-256
 MiB); the tree then *runs* at its links' speed over 0.92 (:func:`tree_time_us`, no
-correction). On the faithful 2 x 2 capped at 10 Gbit/s (issue 35; results
-2026-11-26-h100x2-compressed) NCCL's forced tree ran at 0.90-1.0 of the link bound at
-4-256 MiB, where the corrected estimate says 0.64-0.83, and at 4 x 2 at 0.87-0.91 of
-``2S/B`` (the busiest node of a double binary tree of 4 nodes is inner in one tree, leaf in
-the other: 1.5S + 0.5S). The correction factors are NCCL's calibration on its own
-clusters (InfiniBand), not measured here; taking the uncorrected tree prices NCCL's tree
-at its strongest, so ringreduce's predicted speedup over it errs low there.
+correction). On the faithful 2 x 2 capped at 10 Gbit/s (issue 35; benchmarks/compressed.py)
+NCCL's forced tree ran at 0.90-1.0 of the link bound at 4-256 MiB, where the corrected
+estimate says 0.64-0.83, and at 4 x 2 at 0.87-0.91 of ``2S/B`` (the busiest node of a
+double binary tree of 4 nodes is inner in one tree, leaf in the other: 1.5S + 0.5S). The
+correction factors are NCCL's calibration on its own clusters (InfiniBand), not measured
+here; taking the uncorrected tree prices NCCL's tree at its strongest, so ringreduce's
+predicted speedup over it errs low there.
 :func:`nccl_time_us` is NCCL's default (the tuner's pick, at the picked algorithm's running
 time); :func:`nccl_best_us` the faster of the two (what ``NCCL_ALGO`` gives a user).
 """

@@ -26,8 +26,8 @@ PADDING_SLOTS = 1
 #: A call the default slice size would leave in fewer pieces is cut into this many: one
 #: slice runs its five stages one after another, with nothing to overlap. Measured (H100
 #: under MPS, capped 10 Gbit/s 2 x 2, a 48-block transformer in DDP with 146 buckets of
-#: 4 MiB a step, benchmarks/results/2026-11-25-h100-final-engine, runs 49-51): 4 MiB
-#: slices ran the hook at 0.87-1.00x NCCL's samples/s, 1 MiB slices at 1.14-1.29x.
+#: 4 MiB a step): 4 MiB slices ran the hook at 0.87-1.00x NCCL's samples/s, 1 MiB
+#: slices at 1.14-1.29x.
 SLICES_PER_CALL = 4
 
 

@@ -110,7 +110,7 @@ class Watchdog:
         the thread then polls every ``poll_s`` even when idle, so ``watch`` need not wake
         it; woken, it would run a whole poll under the GIL while the caller is still in
         its call. Not measured apart: with this, an idle call's host time was the
-        caller's own CPU, 224 of 229 us, results 2026-11-25-h100-caller-time run 42)."""
+        caller's own CPU, 224 of 229 us)."""
         self._cond = threading.Condition()
         self._ops: collections.deque[_Op] = collections.deque()
         self._thread: threading.Thread | None = None

@@ -52,10 +52,10 @@ from ringreduce.execution.nccl.library import IN_PROGRESS, SUCCESS, Comm, descri
 #    *every* ncclGroupEnd of a non-blocking group, connected or not, and the group is
 #    in progress until that thread launched the kernels. A 25 MiB call at 2 x 1 (14
 #    groups) cost 3003 us of host time, 1465 us on blocking communicators (H200, NCCL
-#    2.28.9, benchmarks/results/2026-11-23-h200-host). So the communicators that carry
-#    traffic are split off blocking (comm_config), from a non-blocking root: init and
-#    split stay bounded by the deadline, and the watchdog bounds the one blocking wait
-#    left, connection setup inside a call (Config.nccl_blocking).
+#    2.28.9). So the communicators that carry traffic are split off blocking
+#    (comm_config), from a non-blocking root: init and split stay bounded by the
+#    deadline, and the watchdog bounds the one blocking wait left, connection setup
+#    inside a call (Config.nccl_blocking).
 #  * ncclCommGetAsyncError is *not* safe to call from two threads at once on a
 #    non-blocking communicator: once the state is ncclSuccess it completes the group job
 #    linked to the communicator and clears the link (src/init.cc ncclCommGetAsyncError,
@@ -64,13 +64,13 @@ from ringreduce.execution.nccl.library import IN_PROGRESS, SUCCESS, Comm, descri
 #    that both see the link complete it twice: a use after free. That was issue 15's
 #    crash: the issuing thread polling a group (wait_ready) while the watchdog polled
 #    the same communicator (async_error) segfaulted one rank in a few runs of 4 x 2
-#    non-blocking (benchmarks/results/2026-11-25-h100-call-check, runs 20-22). ncclGroupEnd
-#    links the job and the collectives' ncclCommEnsureReady completes it too, so polls
-#    must not overlap any NCCL call on the communicator: every poll in the process goes
-#    through _POLL_LOCK, and the watchdog polls non-blocking communicators only between
-#    issues (cuda_setup.async_error_between_issues). Otherwise the call reads atomics,
-#    and blocking communicators never link a group job. ncclCommAbort is local and may
-#    be called at any point on non-blocking communicators, but only while no other thread
+#    non-blocking. ncclGroupEnd links the job and the collectives' ncclCommEnsureReady
+#    completes it too, so polls must not overlap any NCCL call on the communicator:
+#    every poll in the process goes through _POLL_LOCK, and the watchdog polls
+#    non-blocking communicators only between issues
+#    (cuda_setup.async_error_between_issues). Otherwise the call reads atomics, and
+#    blocking communicators never link a group job. ncclCommAbort is local and may be
+#    called at any point on non-blocking communicators, but only while no other thread
 #    is inside an NCCL call (user guide, Fault Tolerance). nccl4py's abort() then sets
 #    comm._comm to NULL; later raw calls fail on the NULL handle.
 #  * Close: finalize() is non-blocking too; destroy() may block unless the state is
@@ -79,9 +79,9 @@ from ringreduce.execution.nccl.library import IN_PROGRESS, SUCCESS, Comm, descri
 # Polling a communicator: first spin (yielding the GIL) for up to _SPIN_S, because in
 # steady state a non-blocking ncclGroupEnd hands the launch to a helper thread and
 # returns ncclInProgress for tens of microseconds; sleeping then cost ~150 us a group
-# (half of 28 groups slept in a 25 MiB call, H200, 2026-11-23). Connecting peers takes
-# milliseconds to seconds: after the spin, sleep from 100 us doubling to 10 ms, which
-# keeps the extra wait below 2x while leaving the CPU to other threads.
+# (half of 28 groups slept in a 25 MiB call, H200). Connecting peers takes milliseconds
+# to seconds: after the spin, sleep from 100 us doubling to 10 ms, which keeps the extra
+# wait below 2x while leaving the CPU to other threads.
 _SPIN_S = 5e-4
 _FIRST_PAUSE_S = 1e-4
 _MAX_PAUSE_S = 1e-2

@@ -21,7 +21,7 @@ LAYERS = [
     {"safety"},
     {"execution"},
     {"engine"},
-    {"integrations"},
+    {"integrations", "fsdp"},
     {"benchmark", "bench", "model", "info", "__main__", ""},
 ]
 """Bottom first. A module may import from its own layer's groups and from lower layers;

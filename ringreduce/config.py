@@ -16,6 +16,9 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+PLANS = ("one-slice", "pipelined")
+"""Config.plan's values (plan/slicing.py says what each does)."""
+
 KiB = 1024
 MiB = 1024 * KiB
 
@@ -70,6 +73,7 @@ _ENV = {
     "pair_comms": "RINGREDUCE_PAIR_COMMS",
     "diffuse_gather": "RINGREDUCE_DIFFUSE_GATHER",
     "issue_probes": "RINGREDUCE_ISSUE_PROBES",
+    "plan": "RINGREDUCE_PLAN",
 }
 
 #: Who issues a CUDA call's hierarchical work (Config.issuer).
@@ -286,6 +290,15 @@ class Config:
     first instruction the device has not passed. 0 (the default): off. It costs about
     a microsecond of host time per instruction; a 25 MiB call at 2 x 2 has ~200."""
 
+    plan: str | None = None
+    """How a hierarchical all-reduce is issued (``RINGREDUCE_PLAN``; plan/slicing.py):
+    ``"one-slice"``, three collectives (reduce-scatter inside the machine, all-reduce
+    along the rail, all-gather inside), or ``"pipelined"``, the sliced five-stage
+    pipeline. ``None`` (the default): on CUDA a probe at construction times the stages
+    and takes one slice when the intra-machine stages are at most 10% of a call (NVLink
+    machines on a network), else the pipeline; on the CPU (gloo) the pipeline.
+    ``ringreduce.info`` and each call's flight record say which plan and why."""
+
     def __post_init__(self) -> None:
         if self.wire_dtype is not None and self.wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"wire_dtype={self.wire_dtype!r} is not supported; use one of "
@@ -296,6 +309,9 @@ class Config:
         if self.issuer is not None and self.issuer not in ISSUERS:
             raise ValueError(f"issuer={self.issuer!r} is not supported; use one of {ISSUERS} "
                              "or None (native when built)")
+        if self.plan is not None and self.plan not in PLANS:
+            raise ValueError(f"plan={self.plan!r} is not supported; use one of "
+                             f"{PLANS} or None (chosen by a probe)")
         if self.call_check_comms not in CALL_CHECK_COMMS:
             raise ValueError(f"call_check_comms={self.call_check_comms!r} is not supported; "
                              f"use one of {CALL_CHECK_COMMS}")
@@ -385,7 +401,7 @@ def _parse(var: str, raw: str, default: object) -> object:
             return float(raw)
         if isinstance(default, str) or var in (  # str or None
                 "RINGREDUCE_FLIGHT_FILE", "RINGREDUCE_WIRE_DTYPE", "RINGREDUCE_WIRE",
-                "RINGREDUCE_ISSUER"):
+                "RINGREDUCE_ISSUER", "RINGREDUCE_PLAN"):
             return raw
         return int(raw, 0)
     except ValueError:

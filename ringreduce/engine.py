@@ -45,14 +45,17 @@ class Communicator:
     Calls from several threads are serialised; every rank must make them in the same
     order, as for any collective. See Config for ``machines``, ``slice_bytes``, ``staging_bytes``,
     ``min_bytes``, ``wire`` (``wire_dtype``: its older spelling, a torch dtype),
-    ``wire_block`` and ``graphs``; explicit arguments win over ``RINGREDUCE_*`` variables.
+    ``wire_block``, ``plan``, ``timeout_s``, ``debug``, ``hook_feedback`` and ``graphs``;
+    explicit arguments win over ``RINGREDUCE_*`` variables.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, machines: int | None = None,
                  slice_bytes: int | None = None, staging_bytes: int | None = None,
                  min_bytes: int | None = None, wire_dtype: torch.dtype | None = None,
                  graphs: int | None = None, wire: str | None = None,
-                 wire_block: int | None = None) -> None:
+                 wire_block: int | None = None, plan: str | None = None,
+                 timeout_s: float | None = None, debug: bool | None = None,
+                 hook_feedback: bool | None = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("ringreduce.Communicator needs torch.distributed: call "
                                "dist.init_process_group(...) first")
@@ -64,7 +67,9 @@ class Communicator:
             config = Config.from_env(machines=machines, slice_bytes=slice_bytes,
                                      staging_bytes=staging_bytes, min_bytes=min_bytes,
                                      wire_dtype=_wire_name(wire_dtype), graphs=graphs,
-                                     wire=wire, wire_block=wire_block)
+                                     wire=wire, wire_block=wire_block, plan=plan,
+                                     timeout_s=timeout_s, debug=debug,
+                                     hook_feedback=hook_feedback)
             host = _host(config, rank, world)
         except (ValueError, TypeError) as exc:
             agreement.refuse(store, rank, f"{type(exc).__name__}: {exc}")
@@ -136,6 +141,7 @@ class Communicator:
         per_device = ", ".join(f"{k}={v if r.is_cuda else 'n/a (cpu)'}" for k, v in cuda.items())
         return (f"{t.machines} machines x {t.devices_per_machine} devices, "
                 f"{'cuda (nccl ' + str(r.nccl_version) + ')' if r.is_cuda else 'cpu (gloo)'}, "
+                f"plan={r.plan.plan} ({r.plan.reason}), "
                 f"slice_bytes={_slice_range(r)}, staging_bytes={c.staging_bytes} "
                 f"({r.staging_slots} slots), min_bytes={c.min_bytes}, "
                 f"rail_channels={c.rail_channels or 'nccl default'}, "

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ringreduce.config import Config, host_identity
 from ringreduce.execution import kernels, native
+from ringreduce.plan import slicing
 
 
 def _version(dist_name: str) -> str:
@@ -76,6 +77,12 @@ def lines(config: Config | None = None) -> list[str]:
     why = native.why_not(config, True, config.nccl_blocking, kernels.available())
     chosen = config.issuer or "native"
     out.append(f"issuer for a CUDA call: {chosen if not why else 'python (' + why + ')'}")
+    out.append("plan of a hierarchical call: " + (
+        f"{config.plan} (set by plan= / RINGREDUCE_PLAN)" if config.plan else
+        "chosen at construction: on CUDA a probe times the stages and takes one slice "
+        "(three collectives) when the intra-machine ones are at most "
+        f"{slicing.ONE_SLICE_SHARE:.0%} of a call, else the pipeline; on the CPU the "
+        "pipeline; each Communicator's describe() and flight records say which and why"))
     return out
 
 

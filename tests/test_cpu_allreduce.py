@@ -58,6 +58,47 @@ def test_every_size_dtype_op_is_exact(machines: int, devices: int) -> None:
     run_test_ranks(_sweep_worker, machines * devices, machines)
 
 
+ONE_SLICE_TOPOLOGIES = [(2, 2), (3, 2), (2, 3), (4, 1)]
+
+
+def _one_slice_worker(rank: int, world: int, machines: int) -> None:
+    """plan='one-slice': three collectives a call (a tail of n mod D elements rides the
+    rail's group as a world all-reduce), every size, dtype and op exact, the
+    end-of-call check on both hops, the plan named in the flight record."""
+    devices = world // machines
+    with ringreduce.Communicator(machines=machines, min_bytes=0, plan="one-slice") as comm:
+        assert comm._res.plan.one_slice and "plan=one-slice" in comm.describe()
+        transport = comm._res.transport
+        calls: list[str] = []
+        for name in ("reduce_scatter_into", "all_reduce_on", "all_gather_into",
+                     "exchange_signature", "collect", "diffuse"):
+            real = getattr(transport, name)
+
+            def spied(comm_name: str, *a: object, _real=real, _name=name) -> None:
+                calls.append(f"{_name}:{comm_name}")
+                _real(comm_name, *a)
+
+            setattr(transport, name, spied)
+        n = 5 * devices + (1 if devices > 1 else 0)  # a tail when D > 1
+        assert sweep(comm, [n], CPU, dtypes=(torch.float32,), ops=(dist.ReduceOp.SUM,)) == 1
+        inside = ["reduce_scatter_into:reduce_scatter"] if devices > 1 else []
+        tail = ["all_reduce_on:world"] if devices > 1 else []
+        gather = ["all_gather_into:all_gather", "exchange_signature:all_gather"] \
+            if devices > 1 else []
+        assert calls == [*inside, "all_reduce_on:collect", *tail,
+                         "exchange_signature:diffuse", *gather], calls
+        last = comm._res.guard.recorder.last()
+        assert last is not None and last.route == "one-slice" and "plan=" in last.why
+        assert sweep(comm, sizes_for(devices, machines), CPU) > 0
+        interleaved(comm, [1, 33, 250], CPU)
+
+
+@pytest.mark.parametrize("machines,devices", ONE_SLICE_TOPOLOGIES,
+                         ids=[f"{m}x{d}" for m, d in ONE_SLICE_TOPOLOGIES])
+def test_one_slice_plan_is_exact(machines: int, devices: int) -> None:
+    run_test_ranks(_one_slice_worker, machines * devices, machines)
+
+
 def _diffuse_p2p_worker(rank: int, world: int) -> None:
     """Diffuse as a send and a receive per other machine (RINGREDUCE_DIFFUSE_GATHER=0),
     with two other machines: the same results as the all-gather."""

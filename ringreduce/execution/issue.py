@@ -20,11 +20,14 @@ import torch
 
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
+from ringreduce.execution import one_slice
 from ringreduce.execution.context import CallContext
-from ringreduce.execution.pipeline import flat_here, run_flat, run_waves
+from ringreduce.execution.pipeline import flat_here, run_waves
 from ringreduce.execution.resources import Resources
 from ringreduce.execution.streams import FLAT
 from ringreduce.plan import schedule
+from ringreduce.plan.schedule import ENTRY
+from ringreduce.plan.slicing import ONE_SLICE
 from ringreduce.safety.flight import Record
 
 _PENDING = 4096
@@ -68,6 +71,11 @@ class Issuer:
         return (self.res.topo.machines == 1
                 or t.numel() * t.element_size() < self.config.min_bytes)
 
+    def one_slice(self, t: torch.Tensor) -> bool:
+        """Whether a hierarchical all_reduce of ``t`` takes one slice (Resources.plan);
+        a 16-bit wire for float32 is the pipeline's (its add narrows the rail rows)."""
+        return self.res.plan.one_slice and (self.wire is None or t.dtype != torch.float32)
+
     def ctx(self, record: Record) -> CallContext:
         return CallContext(self.res, record)
 
@@ -100,7 +108,8 @@ class Issuer:
         native = self.res.native
         if native is not None:  # native.py; captures and graphs stay on this thread
             program = None if capturing or self.res.graphs is not None or not t.numel() \
-                or self.route_flat(t) else native.program(t, op, lambda: self.ctx(record))
+                or self.route_flat(t) or self.one_slice(t) \
+                else native.program(t, op, lambda: self.ctx(record))
             if program is not None:
                 after = self.after_pending(t, native_jobs=True)
                 fut, ends = native.issue(t, program, async_op, record, after)
@@ -148,13 +157,11 @@ class Issuer:
         res, ctx = self.res, self.ctx(record)
         if self.route_flat(t):
             record.route = "flat"
-            if inline:
-                stream = res.sync.caller().cuda_stream if res.is_cuda else None
-                flat_here(t.view(-1), op, ctx, stream)
-                return ""
-            res.sync.enter()
-            run_flat(t.view(-1), op, ctx)
-            return FLAT
+            return self._unsliced(flat_here, t, op, ctx, inline)
+        record.why = res.plan.why
+        if self.one_slice(t):
+            record.route = ONE_SLICE
+            return self._unsliced(one_slice.run, t, op, ctx, inline)
         record.route = "hierarchical"
         res.sync.enter()
         topo = res.topo
@@ -166,11 +173,27 @@ class Issuer:
         run_waves(waves, t.view(-1), plans, op, ctx)
         return schedule.active_stages(topo.devices_per_machine)[-1]
 
+    def _unsliced(self, run: Callable[[torch.Tensor, str, CallContext, int | None], None],
+                  t: torch.Tensor, op: str, ctx: CallContext, inline: bool) -> str:
+        """A call issued as a few collectives on one stream (the flat route, one
+        slice): the caller's when ``inline`` (synchronous calls, like
+        ``dist.all_reduce``: events and a stream switch would cost a third of the
+        host time), else the flat stream after the entry event."""
+        if inline:
+            run(t.view(-1), op, ctx, self.res.sync.caller().cuda_stream if self.res.is_cuda
+                else None)
+            return ""
+        self.res.sync.enter()
+        ctx.sync.wait(FLAT, [ENTRY])
+        with ctx.sync.on(FLAT):
+            run(t.view(-1), op, ctx, ctx.sync.handle(FLAT))
+        return FLAT
+
     def _issue_now(self, t: torch.Tensor, op: str, async_op: bool,
                    record: Record) -> tuple[Any, Ends]:
         last = self.execute(t, op, record, inline=not async_op)
         sync = self.res.sync
-        ends = _stage_ends(last, self.res.topo.devices_per_machine)
+        ends = _stage_ends(last, self.res.topo.devices_per_machine, record.route)
         if not async_op:
             if last:
                 sync.leave()
@@ -342,14 +365,16 @@ def untracked(t: torch.Tensor) -> torch.Tensor:
     return t.detach() if t.requires_grad else t
 
 
-def _stage_ends(last: str, devices: int) -> Ends:
+def _stage_ends(last: str, devices: int, route: str) -> Ends:
     """(stage, stream) pairs whose completion means an all_reduce finished: every
-    active stage for the hierarchical route (in order, so the watchdog names the
-    first stuck one), the flat stream, or the caller's stream."""
+    active stage for the pipeline (in order, so the watchdog names the first stuck
+    one), else the flat or one-slice call's one stream: the flat stream or the
+    caller's."""
+    label = ONE_SLICE if route == ONE_SLICE else FLAT
     if not last:
-        return [(FLAT, CALLER)]
+        return [(label, CALLER)]
     if last == FLAT:
-        return [(FLAT, FLAT)]
+        return [(label, FLAT)]
     return [(s, s) for s in schedule.active_stages(devices)]
 
 

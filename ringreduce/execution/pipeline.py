@@ -35,7 +35,7 @@ from ringreduce.execution.streams import FLAT
 from ringreduce.execution.transport import Part
 from ringreduce.plan import schedule
 from ringreduce.plan.layout import SlicePlan
-from ringreduce.plan.schedule import ENTRY, Step, Wave
+from ringreduce.plan.schedule import Step, Wave
 from ringreduce.plan.topology import Topology
 from ringreduce.safety import signature
 from ringreduce.safety.flight import FlightRecorder
@@ -267,15 +267,6 @@ def _run_stage(stage: str, parts: Sequence[Part], op: str, ctx: CallContext) -> 
         ctx.transport.reduce_scatter(parts, op, handle)
     else:
         getattr(ctx.transport, stage)(parts, handle)
-
-
-def run_flat(t: torch.Tensor, op: str, ctx: CallContext) -> None:
-    """Unpipelined meaning: all_reduce(t, op) over every rank of the group, on the
-    flat stream after the entry event (asynchronous calls; their Future records its
-    own event there). It leaves ``done`` alone: that marks hierarchical calls only."""
-    ctx.sync.wait(FLAT, [ENTRY])
-    with ctx.sync.on(FLAT):
-        flat_here(t, op, ctx, ctx.sync.handle(FLAT))
 
 
 def flat_here(t: torch.Tensor, op: str, ctx: CallContext, stream: int | None) -> None:

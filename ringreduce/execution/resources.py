@@ -22,13 +22,13 @@ import torch.distributed as dist
 
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
-from ringreduce.execution import cuda_setup
+from ringreduce.execution import cuda_setup, probe
 from ringreduce.execution.call_check import HostCallCheck
 from ringreduce.execution.graphs import GraphCache
 from ringreduce.execution.pipeline import Buffers
 from ringreduce.execution.streams import HostOrder
 from ringreduce.execution.transport import GlooTransport
-from ringreduce.plan import layout, topology
+from ringreduce.plan import layout, slicing, topology
 from ringreduce.plan.topology import Topology
 from ringreduce.safety.flight import FlightRecorder, Record
 from ringreduce.safety.guard import Guard
@@ -81,6 +81,8 @@ class Resources:
     calls); None: every call is issued from Python."""
     call_check: Any = None
     """The end-of-call check (call_check.py, Config.check_call_end); None: off."""
+    plan: slicing.Choice = slicing.CPU_DEFAULT
+    """How hierarchical all-reduces are issued, and why (probe.choose_plan)."""
     issuing: tuple[Record, float] | None = None
     """The call being issued and since when (time.monotonic()); None between calls."""
 
@@ -183,6 +185,7 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
         _build_cpu(res, store, datetime.timedelta(seconds=config.timeout_s), config.diffuse_gather)
         res.call_check = HostCallCheck() if config.check_call_end else None
     res.divisors = _divisors(world, device)
+    res.plan = probe.choose_plan(res, config)
     if is_cuda:  # last, as ever: what graphs capture and the native issuer traces reads them
         cuda_setup.build_replay(res, config)
     return res

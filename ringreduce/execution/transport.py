@@ -189,8 +189,12 @@ class NcclTransport:
                 widen_diffused(p, self.topo, self.others, self.casts, stream)
 
     def flat_all_reduce(self, t: torch.Tensor, op: str, stream: int) -> None:
-        with self.group(["world"]):
-            self.calls.all_reduce(self.comms["world"], t, op, stream)
+        self.all_reduce_on("world", t, op, stream)
+
+    def all_reduce_on(self, comm: str, t: torch.Tensor, op: str, stream: int) -> None:
+        """In-place all-reduce of ``t`` over ``comm``'s ranks, as one group."""
+        with self.group([comm]):
+            self.calls.all_reduce(self.comms[comm], t, op, stream)
 
     def exchange_signature(self, comm: str, words: torch.Tensor, got: torch.Tensor,
                            stream: int) -> None:
@@ -280,6 +284,10 @@ class GlooTransport:
     def flat_all_reduce(self, t: torch.Tensor, op: str, stream: None = None) -> None:
         self._all_reduce("world", t, _gloo_op(op))
 
+    def all_reduce_on(self, comm: str, t: torch.Tensor, op: str, stream: None = None) -> None:
+        """In-place all-reduce of ``t`` over ``comm``'s group."""
+        self._all_reduce(comm, t, _gloo_op(op))
+
     def exchange_signature(self, comm: str, words: torch.Tensor, got: torch.Tensor,
                            stream: None = None) -> None:
         """got = elementwise MAX of ``words`` over ``comm``'s ranks (the end-of-call
@@ -294,16 +302,22 @@ class GlooTransport:
 
     def reduce_scatter_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor, op: str,
                             stream: None = None) -> None:
-        """recv = block ``rank`` of the reduction of ``send`` over ``comm``'s ranks."""
+        """recv = block ``rank`` of the reduction of ``send`` over ``comm``'s ranks;
+        ``recv`` may be that block of ``send`` (in place, as NCCL allows)."""
         opts = c10d.ReduceScatterOptions()
         opts.reduceOp = _gloo_op(op)  # type: ignore[assignment]  # as in _all_reduce
-        self.groups[_GROUP_OF[comm]]._reduce_scatter_base(recv.view(-1), send.view(-1),
+        out = torch.empty_like(recv) if _aliased(send, recv) else recv
+        self.groups[_GROUP_OF[comm]]._reduce_scatter_base(out.view(-1), send.view(-1),
                                                           opts).wait()
+        if out is not recv:
+            recv.copy_(out)
 
     def all_gather_into(self, comm: str, send: torch.Tensor, recv: torch.Tensor,
                         stream: None = None) -> None:
-        """recv = every rank's ``send`` of ``comm``, in group-rank order."""
-        self.groups[_GROUP_OF[comm]]._allgather_base(recv.view(-1), send.view(-1)).wait()
+        """recv = every rank's ``send`` of ``comm``, in group-rank order; ``send`` may
+        be this rank's block of ``recv`` (in place, as NCCL allows)."""
+        src = send.clone() if _aliased(send, recv) else send
+        self.groups[_GROUP_OF[comm]]._allgather_base(recv.view(-1), src.view(-1)).wait()
 
     def rail_exchange(self, comm: str, sends: Sequence[torch.Tensor],
                       recvs: Sequence[torch.Tensor], stream: None = None) -> None:
@@ -327,6 +341,11 @@ class GlooTransport:
 _GROUP_OF = {"world": "world", "reduce_scatter": "intra", "all_gather": "intra",
              "collect": "rail", "diffuse": "rail"}
 """Which gloo group plays each NCCL communicator's part."""
+
+
+def _aliased(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors share memory (gloo must not read what it writes)."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _gloo_op(op: str) -> dist.ReduceOp.RedOpType:

@@ -29,6 +29,8 @@ class Record:
     stages: list[tuple[str, int, str, float]] = field(default_factory=list)
     """(stage, slice, "start" | "end", seconds since ``started``)."""
     finished: float | None = None
+    why: str = ""
+    """Why the call took its route, where a choice was made (the hierarchical plan)."""
 
 
 class FlightRecorder:
@@ -61,9 +63,10 @@ class FlightRecorder:
                   self.rank, reason, len(rows))
         for row in rows:
             last = row["stages"][-1] if row["stages"] else None
-            log.error("  op #%s %s %s x %s %s via %s, finished=%s, last stage event %s",
+            log.error("  op #%s %s %s x %s %s via %s%s, finished=%s, last stage event %s",
                       row["op_number"], row["kind"], row["numel"], row["dtype"], row["op"],
-                      row["route"], row["finished"] is not None, last)
+                      row["route"], f" ({row['why']})" if row["why"] else "",
+                      row["finished"] is not None, last)
         if self.path:
             with open(self.path, "w") as f:
                 json.dump({"rank": self.rank, "reason": reason, "operations": rows}, f, indent=1)

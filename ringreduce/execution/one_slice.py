@@ -1,0 +1,69 @@
+"""The one-slice plan (plan/slicing.py): a hierarchical all-reduce as three collectives.
+
+For rank (machine m, device d) of M machines x D devices, the tensor's first
+``D * (n // D)`` elements seen as (D, k), ``chunk`` its row d:
+
+  reduce_scatter  chunk = the machine's sum of row d                 (inside, in place)
+  rail            chunk = every machine's sum of row d               (along the rail)
+                  and the last n mod D elements over every rank       (same NCCL group)
+  all_gather      row e = device e's chunk, for every e               (inside, in place)
+
+Three NCCL groups, in place, nothing staged. AVG travels as SUM and divides the chunk
+once before the all-gather, so every rank ends with the same bits. The end-of-call
+check (call_check.py) rides in the rail group (the maximum over the rail) and in the
+all-gather's (over the machine: then every rank holds the world's), adding no group.
+All of it runs on ``stream``, which the caller made current (torch's division needs
+it): the caller's own for a synchronous call, the flat stream for an asynchronous one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ringreduce.execution.add import finish_average
+from ringreduce.execution.pipeline import stage_errors
+from ringreduce.safety import signature
+
+if TYPE_CHECKING:
+    from ringreduce.execution.context import CallContext
+
+RAIL = "collect"
+"""The rail all-reduce runs on the collect stage's communicator (a rail's ranks are
+its machines); errors name it so, with the rail's ranks as peers."""
+
+
+def run(flat: torch.Tensor, op: str, ctx: CallContext, stream: int | None) -> None:
+    """Unpipelined meaning: all_reduce(flat, op) over every rank of the group."""
+    topo, transport, check = ctx.topo, ctx.transport, ctx.check
+    devices = topo.devices_per_machine
+    k = flat.numel() // devices
+    body, tail = flat[:k * devices], flat[k * devices:]
+    chunk = body.view(devices, k)[topo.device_index]
+    own = signature.encode(flat.numel(), str(flat.dtype).removeprefix("torch."), op) \
+        if check is not None else 0
+    if check is not None:
+        check.put(ctx, own, stream)
+    if devices > 1 and k:
+        with stage_errors(ctx, "reduce_scatter", flat):
+            transport.reduce_scatter_into("reduce_scatter", body, chunk, op, stream)
+    with stage_errors(ctx, RAIL, flat), transport.group([RAIL, "world", "diffuse"]):
+        if k:
+            transport.all_reduce_on(RAIL, chunk, op, stream)
+        if tail.numel():
+            transport.all_reduce_on("world", tail, op, stream)
+        if check is not None:  # the rail's maximum, on the rail's other communicator
+            transport.exchange_signature("diffuse", check.words, check.got, stream)
+    if op == "avg":
+        for part in (chunk, tail):
+            if part.numel():
+                finish_average(part, topo.world_size, ctx.divisors.get(part.dtype))
+    if devices > 1:
+        with stage_errors(ctx, "all_gather", flat), transport.group(["all_gather"]):
+            if k:
+                transport.all_gather_into("all_gather", chunk, body, stream)
+            if check is not None:  # the machine's maximum of the rails': the world's
+                transport.exchange_signature("all_gather", check.got, check.got, stream)
+    if check is not None:
+        check.verify(ctx, own, stream)

@@ -29,6 +29,12 @@
 #            all-reduce per wire format (benchmarks/compressed.py) capped at 10 Gbit/s
 #            against NCCL fp32 under its default and its tree algorithm and torch's bf16
 #            hook, then over loopback
+#   host     what a call costs the host (issue 36), on the faithful 2x2 capped (>= 2 GPUs):
+#            the GPU tests at 2x2 (test_gpu.py); benchmarks/native_host.py at 25 MiB and
+#            4 MiB: the default (probe-chosen plan) against the pipeline (native and Python
+#            issuers) and NCCL's own call, with a cProfile of the default; DDP with torch's
+#            NCCL allreduce_hook against ringreduce's hook (hook times per call): DLRM
+#            (25 MiB buckets) and the transformer (4 MiB buckets), NCCL's tree
 #   native   the native issuer (issue 18): benchmarks/native_host.py (host time, CPU and wall
 #            per 25 MiB call, native at several slice sizes vs Python issuer vs NCCL, same
 #            run) at 2x2 loopback and capped and 4x2 loopback under MPS;
@@ -44,8 +50,8 @@ set -u
 cd "$(dirname "$0")/.."
 . benchmarks/gpu_env.sh
 suite=${1:-}
-case "$suite" in tests|perf|faults|soak|dlrm|kernels|native|compressed) ;;
-  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels|native|compressed" >&2
+case "$suite" in tests|perf|faults|soak|dlrm|kernels|native|compressed|host) ;;
+  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels|native|compressed|host" >&2
      exit 2 ;;
 esac
 R="$OUT/$suite"; W="$R/work"; rm -rf "$R"; mkdir -p "$W"
@@ -216,6 +222,28 @@ kernels)
   step kernel_occupancy 120 python3 benchmarks/kernel_occupancy.py
   { pytest_summary "$W/kernel_tests.log"; tail -25 "$W/kernel_bench.log" "$W/kernel_occupancy.log"; } \
     > "$W/summary_body.txt" ;;
+host)
+  step info 30 python3 -m ringreduce.info
+  F=(--machines 2 --gpus-per-machine 2 $CAP)
+  step host_tests ${TESTS_S:-150} python3 benchmarks/emulate.py --mps-only -- \
+    env RINGREDUCE_GPU_TOPOLOGIES=2x2 RR_MPS=1 python3 -m pytest -m gpu tests/test_gpu.py \
+    -k "${TESTS_K-not fault}" -p no:cacheprovider -v -rs
+  for size in 25M 4M; do
+    NCCL_SET_THREAD_NAME=1 step "host_call_$size" ${HOST_S:-80} $E_ALL "${F[@]}" \
+      --script benchmarks/native_host.py -- --size $size --calls ${HOST_CALLS:-32} \
+      --ways python/auto,native/piped,python/piped --profile "python/auto sync"
+  done
+  step host_ddp_dlrm ${DDP_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${F[@]}" \
+    --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook --json "$W/host_ddp_dlrm.json"
+  step host_ddp_transformer ${DDP_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${F[@]}" \
+    --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook --model transformer \
+    --layers 48 --bucket-mb 4 --steps 24 --warmup 4 --json "$W/host_ddp_transformer.json"
+  { pytest_summary "$W/host_tests.log"; grep -h "plan" "$W/info.log"
+    for f in "$W"/host_call_*.log; do echo "== $(basename "$f" .log)"
+      grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python)[/0-9A-Za-z]* (sync|async)" "$f"; done
+    for f in "$W"/host_ddp_*.log; do echo "== $(basename "$f" .log)"
+      grep -iE "hook|samples/s|mode " "$f" | grep -vE "Warning|warn" | tail -12; done
+  } > "$W/summary_body.txt" ;;
 native)
   step info 30 python3 -m ringreduce.info
   host() {  # host TOPOLOGY MODE: native_host.py there, under MPS (emulate.py's auto)

@@ -156,8 +156,14 @@ pair), as ``/sep`` (a communicator per stage, RINGREDUCE_PAIR_COMMS=0) and as ``
 per other machine, RINGREDUCE_DIFFUSE_GATHER=0), ``native/graphs`` (ringreduce's own CUDA-graph
 replay, ``graphs=8``: the same tensor comes back every call, so it is captured at its
 second call and replayed after), ``native/nocheck`` (without the end-of-call check,
-RINGREDUCE_CHECK_CALL_END=0) and ``native/world`` (the check over the world
-communicator, RINGREDUCE_CALL_CHECK_COMMS=world)."""
+RINGREDUCE_CHECK_CALL_END=0), ``native/world`` (the check over the world
+communicator, RINGREDUCE_CALL_CHECK_COMMS=world), and the plan (plan/slicing.py):
+``python/auto`` (chosen by the construction probe, as by default), ``python/one``
+(``plan="one-slice"``), ``native/piped`` (``plan="pipelined"``). Every other way
+pins the pipeline, so its issuer is what it measures."""
+
+PLANS = {"auto": None, "one": "one-slice"}
+"""Ways whose plan is not the pipeline."""
 
 
 def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.Communicator]:
@@ -174,8 +180,9 @@ def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.C
         os.environ["RINGREDUCE_DIFFUSE_GATHER"] = "0" if variant == "p2p" else "1"
         slice_bytes = parse_size(variant) if variant[:1].isdigit() else None
         graphs = 8 if variant == "graphs" else None
+        plan = PLANS.get(variant, "pipelined")
         comms[way] = ringreduce.Communicator(machines=machines, slice_bytes=slice_bytes,
-                                             graphs=graphs)
+                                             graphs=graphs, plan=plan)
         if comms[way]._res.native is not None:
             _NATIVE.append(comms[way]._res.native)
         described = comms[way].describe()

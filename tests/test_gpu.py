@@ -91,7 +91,7 @@ def _exact_worker(rank: int, world: int, machines: int) -> None:
     against torch's NCCL too; the stage operations counted; block collectives."""
     devices = world // machines
     dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm:
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096, plan="pipelined") as comm:
         assert (comm.topology.machines, comm.topology.devices_per_machine) == (machines, devices)
         _count_stages(comm, dev)
         sizes = [*sizes_for(devices, machines), 65537, (1 << 18) + 3]
@@ -102,16 +102,37 @@ def _exact_worker(rank: int, world: int, machines: int) -> None:
         comm.all_reduce(t)
         dist.all_reduce(ref)  # torch's NCCL all-reduce as the reference
         assert torch.equal(t, ref)
-    with ringreduce.Communicator() as comm:  # defaults: 2 MiB flat threshold, auto slices
+    with ringreduce.Communicator(min_bytes=0, plan="one-slice") as comm:
+        _one_slice(comm, rank, devices, machines, dev)
+    with ringreduce.Communicator() as comm:  # defaults: the probe's plan, 1 MiB flat threshold
+        plan = comm._res.plan
+        assert plan.plan in ("one-slice", "pipelined") and "probe" in plan.reason, plan
         sweep(comm, [1000, 3 << 20], dev, dtypes=(torch.float32, torch.bfloat16))
     for variant in ("RINGREDUCE_PAIR_COMMS", "RINGREDUCE_WAVE_GROUPS"):
         os.environ[variant] = "0"  # a communicator per stage; then a group per stage too
-        with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm:
+        with ringreduce.Communicator(min_bytes=0, slice_bytes=4096, plan="pipelined") as comm:
             _check_pairs(comm, paired=False)
             sweep(comm, [1000, 65537], dev, dtypes=(torch.float32,))
     for variant in ("RINGREDUCE_PAIR_COMMS", "RINGREDUCE_WAVE_GROUPS"):
         del os.environ[variant]
     _blocks(rank, world, machines, dev)
+
+
+def _one_slice(comm: ringreduce.Communicator, rank: int, devices: int, machines: int,
+               dev: torch.device) -> None:
+    """The one-slice plan on NCCL: every size (tails of n mod D), dtype and op exact,
+    synchronous and asynchronous, interleaved, and bit for bit torch's NCCL on floats."""
+    assert sweep(comm, [*sizes_for(devices, machines), 65537, (1 << 18) + 3], dev) > 0
+    interleaved(comm, [1, 1000, 4097, 300_001], dev)
+    record = comm._res.guard.recorder.last()
+    assert record is not None and record.route == "one-slice", record
+    g = torch.Generator(device=dev).manual_seed(rank)
+    t = torch.randn(1_000_003, device=dev, generator=g)
+    comm.all_reduce(t, op=dist.ReduceOp.AVG)
+    hi, lo = t.clone(), t.clone()
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    assert torch.equal(hi, lo), "ranks disagree after a one-slice AVG"
 
 
 def _check_pairs(comm: ringreduce.Communicator, paired: bool) -> None:
@@ -237,7 +258,8 @@ def test_gpu_all_reduce_never_syncs_the_host() -> None:
 def _ddp_worker(rank: int, world: int, graphs: int) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     reference = train(DDP(model().to(dev), bucket_cap_mb=0.01), rank, 6, dev)
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096, graphs=graphs) as comm:
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096, graphs=graphs,
+                                plan="pipelined") as comm:
         hooked = DDP(model().to(dev), bucket_cap_mb=0.01)
         hooked.register_comm_hook(comm, ringreduce.ddp_hook)
         got = train(hooked, rank, 6, dev)
@@ -298,7 +320,8 @@ def _replay_worker(rank: int, world: int) -> None:
     tensors, from a second stream, go the slow way in between. Every result exact."""
     dev = torch.device("cuda", torch.cuda.current_device())
     side = torch.cuda.Stream()
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=1 << 20, graphs=8) as comm:
+    with ringreduce.Communicator(min_bytes=0, slice_bytes=1 << 20, graphs=8,
+                                plan="pipelined") as comm:
         buckets = {torch.float32: torch.empty(3_000_017, device=dev),
                    torch.bfloat16: torch.empty(1_000_003, dtype=torch.bfloat16, device=dev)}
         kept = []
@@ -345,7 +368,7 @@ def _back_to_back_worker(rank: int, world: int, wire: str) -> None:
     wire_dtype = getattr(torch, wire) if wire != "none" else None
     ops = (dist.ReduceOp.SUM, dist.ReduceOp.AVG) if wire_dtype is None else (dist.ReduceOp.SUM,)
     with ringreduce.Communicator(min_bytes=0, slice_bytes=1 << 20, graphs=16,
-                                 wire_dtype=wire_dtype) as comm:
+                                 wire_dtype=wire_dtype, plan="pipelined") as comm:
         buckets = [torch.empty(n, dtype=dt, device=dev) for n, dt in
                    ((3_000_017, torch.float32), (1_000_003, torch.bfloat16),
                     (2_500_000, torch.float32), (777_777, torch.float32))]

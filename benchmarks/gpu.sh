@@ -231,7 +231,7 @@ host)
   for size in 25M 4M; do
     NCCL_SET_THREAD_NAME=1 step "host_call_$size" ${HOST_S:-80} $E_ALL "${F[@]}" \
       --script benchmarks/native_host.py -- --size $size --calls ${HOST_CALLS:-32} \
-      --ways python/auto,native/piped,python/piped --profile "python/auto sync"
+      --ways ${HOST_WAYS:-python/auto,python/one,native/piped} --profile "python/auto sync"
   done
   step host_ddp_dlrm ${DDP_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${F[@]}" \
     --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook --json "$W/host_ddp_dlrm.json"

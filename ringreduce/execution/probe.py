@@ -4,9 +4,10 @@ Collective: every rank of a CUDA communicator runs it once, at construction, aft
 stage communicators exist. It times, on the flat stream, one reduce-scatter plus one
 all-gather inside the machine of ``PROBE_BYTES`` and the rail all-reduce of this
 rank's chunk of them (what one slice of a call that size does), after a warm-up round
-that also opens the connections. Every rank then takes the largest intra-machine share
-over the world (an all-reduce MAX), so all decide alike. The host waits for the
-device here, at construction, never on a call.
+that also opens the connections; each stage starts right after a tiny all-reduce over
+every rank, so no rank counts a peer's lateness as its stage's time. Every rank then
+takes the largest intra-machine share over the world (an all-reduce MAX), so all
+decide alike. The host waits for the device here, at construction, never on a call.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ PROBE_BYTES = 16 << 20
 not their latency, decides (a DDP bucket is 25 MiB), small enough to take a few
 milliseconds on NVLink and ~10 ms on a 10 Gbit/s rail at two machines."""
 ROUNDS = 3
+"""Timed rounds; the fastest counts (the least disturbed)."""
 
 
 def choose_plan(res: Resources, config: Config) -> slicing.Choice:
@@ -48,11 +50,16 @@ def choose_plan(res: Resources, config: Config) -> slicing.Choice:
 
 
 def _timed(res: Resources, topo: Topology, timeout_s: float) -> tuple[float, float]:
-    """(intra-machine seconds, rail seconds) per round on this rank."""
+    """(intra-machine seconds, rail seconds) of one round on this rank, the fastest of
+    ROUNDS. Each stage is timed right after a one-element all-reduce over every rank,
+    which ends on all of them at about the same moment: otherwise a rank would count
+    as its own stage's time the wait for a peer still busy on its rail (rails finish
+    at different times, and first calls connect)."""
     devices, transport = topo.devices_per_machine, res.transport
     k = PROBE_BYTES // 4 // devices
     body = torch.zeros(devices * k, dtype=torch.float32, device=res.device)
     chunk = body.view(devices, k)[topo.device_index]
+    one = torch.zeros(1, dtype=torch.float32, device=res.device)
     stream = res.sync.streams["flat"]
     handle = stream.cuda_stream
 
@@ -63,21 +70,25 @@ def _timed(res: Resources, topo: Topology, timeout_s: float) -> tuple[float, flo
     def rail() -> None:
         transport.all_reduce_on("collect", chunk, "sum", handle)
 
-    marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    def line_up() -> None:
+        transport.all_reduce_on("world", one, "sum", handle)
+
     stream.wait_stream(torch.cuda.current_stream(res.device))  # the zeros are written
+    rounds = []
     with torch.cuda.stream(stream):
         intra()
         rail()  # warm-up: first calls connect to their peers
-        marks[0].record(stream)
         for _ in range(ROUNDS):
-            intra()
-        marks[1].record(stream)
-        for _ in range(ROUNDS):
-            rail()
-        marks[2].record(stream)
-    _wait(marks[2], timeout_s, "the construction probe's stage timings")
-    return (marks[0].elapsed_time(marks[1]) / 1e3 / ROUNDS,
-            marks[1].elapsed_time(marks[2]) / 1e3 / ROUNDS)
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            for stage, (start, end) in ((intra, marks[:2]), (rail, marks[2:])):
+                line_up()
+                start.record(stream)
+                stage()
+                end.record(stream)
+            rounds.append(marks)
+    _wait(rounds[-1][3], timeout_s, "the construction probe's stage timings")
+    return (min(m[0].elapsed_time(m[1]) for m in rounds) / 1e3,
+            min(m[2].elapsed_time(m[3]) for m in rounds) / 1e3)
 
 
 def _agreed_share(res: Resources, intra_s: float, rail_s: float, timeout_s: float) -> float:

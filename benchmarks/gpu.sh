@@ -231,8 +231,14 @@ host)
   for size in 25M 4M; do
     NCCL_SET_THREAD_NAME=1 step "host_call_$size" ${HOST_S:-80} $E_ALL "${F[@]}" \
       --script benchmarks/native_host.py -- --size $size --calls ${HOST_CALLS:-32} \
-      --ways ${HOST_WAYS:-python/auto,python/one,native/piped} --profile "python/auto sync"
+      --ways ${HOST_WAYS:-python/auto,python/one,native/piped} --profile "python/one sync"
   done
+  # over loopback (no cap): where the rail is fast and the host's time shows; NCCL's
+  # INFO lines say which transport carries the intra-machine stages here
+  NCCL_SET_THREAD_NAME=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT step host_call_loopback_25M \
+    ${HOST_S:-80} $E_ALL --machines 2 --gpus-per-machine 2 --mode loopback \
+    --script benchmarks/native_host.py -- --size 25M --calls ${HOST_CALLS:-32} \
+    --ways ${HOST_WAYS:-python/auto,python/one,native/piped}
   step host_ddp_dlrm ${DDP_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${F[@]}" \
     --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook --json "$W/host_ddp_dlrm.json"
   step host_ddp_transformer ${DDP_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${F[@]}" \
@@ -240,7 +246,10 @@ host)
     --layers 48 --bucket-mb 4 --steps 24 --warmup 4 --json "$W/host_ddp_transformer.json"
   { pytest_summary "$W/host_tests.log"; grep -h "plan" "$W/info.log"
     for f in "$W"/host_call_*.log; do echo "== $(basename "$f" .log)"
+      grep -hoE "plan=[a-z-]+ \([^)]*\)" "$f" | sort -u
       grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python)[/0-9A-Za-z]* (sync|async)" "$f"; done
+    grep -hoE "Channel 00/0 : [0-9]+\[[0-9]+\] -> [0-9]+\[[0-9]+\] via [A-Za-z/]+" \
+      "$W/host_call_loopback_25M.log" | sort -u | head -8
     for f in "$W"/host_ddp_*.log; do echo "== $(basename "$f" .log)"
       grep -iE "hook|samples/s|mode " "$f" | grep -vE "Warning|warn" | tail -12; done
   } > "$W/summary_body.txt" ;;

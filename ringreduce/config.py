@@ -294,9 +294,9 @@ class Config:
     """How a hierarchical all-reduce is issued (``RINGREDUCE_PLAN``; plan/slicing.py):
     ``"one-slice"``, three collectives (reduce-scatter inside the machine, all-reduce
     along the rail, all-gather inside), or ``"pipelined"``, the sliced five-stage
-    pipeline. ``None`` (the default): on CUDA a probe at construction times the stages
-    and takes one slice when the intra-machine stages are at most 10% of a call (NVLink
-    machines on a network), else the pipeline; on the CPU (gloo) the pipeline.
+    pipeline. ``None`` (the default): on CUDA a probe at construction times a 16 MiB
+    call on each plan and takes one slice unless the pipeline is more than 5% faster
+    (execution/probe.py); on the CPU (gloo) the pipeline.
     ``ringreduce.info`` and each call's flight record say which plan and why."""
 
     def __post_init__(self) -> None:

@@ -23,11 +23,11 @@ import torch.distributed as dist
 
 from ringreduce.config import Config, host_identity
 from ringreduce.errors import RingReduceError
-from ringreduce.execution import collectives, compressed, compressed_scatter, quant
+from ringreduce.execution import collectives, compressed, compressed_scatter, probe, quant
 from ringreduce.execution.context import CallContext
 from ringreduce.execution.issue import Issuer, as_torch_future, untracked
 from ringreduce.execution.resources import Resources, build_resources, group_store
-from ringreduce.plan import topology
+from ringreduce.plan import slicing, topology
 from ringreduce.plan.topology import Topology
 from ringreduce.safety import agreement, checks
 from ringreduce.safety.flight import Record
@@ -117,6 +117,9 @@ class Communicator:
         self._calls = threading.RLock()
         """Serialises calls: numbering, the checks and issue are one step per call, so
         calls from several threads never interleave inside ringreduce."""
+        if self._res.plan is slicing.UNDECIDED:
+            probe.compare(self._res, self.all_reduce, self.config)
+            self._res.probe_calls = self._op_number
         if self._res.topo.rank == 0:
             log.info("ringreduce: %s", self.describe())
             note = _flat_note(self._res.topo, self.config, host)

@@ -79,10 +79,10 @@ def lines(config: Config | None = None) -> list[str]:
     out.append(f"issuer for a CUDA call: {chosen if not why else 'python (' + why + ')'}")
     out.append("plan of a hierarchical call: " + (
         f"{config.plan} (set by plan= / RINGREDUCE_PLAN)" if config.plan else
-        "chosen at construction: on CUDA a probe times the stages and takes one slice "
-        "(three collectives) when the intra-machine ones are at most "
-        f"{slicing.ONE_SLICE_SHARE:.0%} of a call, else the pipeline; on the CPU the "
-        "pipeline; each Communicator's describe() and flight records say which and why"))
+        "chosen at construction: on CUDA a probe times a call on each plan and takes "
+        "one slice (three collectives) unless the pipeline is more than "
+        f"{slicing.ONE_SLICE_MARGIN:.0%} faster; on the CPU the pipeline; each "
+        "Communicator's describe() and flight records say which and why"))
     return out
 
 

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
+from ringreduce.execution import probe
 from ringreduce.plan import layout
 
 from .cases import (
@@ -107,6 +108,7 @@ def _exact_worker(rank: int, world: int, machines: int) -> None:
     with ringreduce.Communicator() as comm:  # defaults: the probe's plan, 1 MiB flat threshold
         plan = comm._res.plan
         assert plan.plan in ("one-slice", "pipelined") and "probe" in plan.reason, plan
+        assert comm._res.probe_calls == 2 * (probe.WARMUP + probe.ROUNDS), comm.op_number
         sweep(comm, [1000, 3 << 20], dev, dtypes=(torch.float32, torch.bfloat16))
     for variant in ("RINGREDUCE_PAIR_COMMS", "RINGREDUCE_WAVE_GROUPS"):
         os.environ[variant] = "0"  # a communicator per stage; then a group per stage too
@@ -408,7 +410,8 @@ def _backend_worker(rank: int, world: int, machines: int) -> None:
     assert isinstance(group, RingReduceGroup)
     calls = sweep(_DistAsComm(), [1, 1000, 300_001], dev)
     engine = group.communicator(dev)
-    assert engine.op_number == calls and engine.topology.machines == machines
+    assert engine.op_number == calls + engine._res.probe_calls
+    assert engine.topology.machines == machines
     nccl = dist.new_group(backend="nccl")
     reference = train(DDP(model().to(dev), bucket_cap_mb=0.01, process_group=nccl), rank, 6, dev)
     got = train(DDP(model().to(dev), bucket_cap_mb=0.01), rank, 6, dev)  # no hook: the backend

@@ -1,18 +1,21 @@
-"""The construction probe: how fast the stages are here, for plan/slicing.choose.
+"""The construction probe: which plan is faster here, for plan/slicing.choose.
 
-Collective: every rank of a CUDA communicator runs it once, at construction, after the
-stage communicators exist. It times, on the flat stream, one reduce-scatter plus one
-all-gather inside the machine of ``PROBE_BYTES`` and the rail all-reduce of this
-rank's chunk of them (what one slice of a call that size does), after a warm-up round
-that also opens the connections; each stage starts right after a tiny all-reduce over
-every rank, so no rank counts a peer's lateness as its stage's time. Every rank then
-takes the largest intra-machine share over the world (an all-reduce MAX), so all
-decide alike. The host waits for the device here, at construction, never on a call.
+Collective: every rank of a CUDA communicator runs it once, at the end of its
+construction, when the plan is not given and a call can take either plan (M > 1,
+D > 1). It makes ``PROBE_BYTES`` all-reduces through the communicator itself, first
+on one slice, then on the pipeline: a warm-up pair each (connections, the native
+issuer's trace), then ``ROUNDS`` synchronous calls between two events on the
+caller's stream. So each plan is timed as a call runs: the device's work, or the
+host's where issuing takes longer than the device needs. Every rank then takes the
+slowest rank's time of each plan (an all-reduce MAX), so all decide alike. The host
+waits for the device here, at construction, never on a call. The probe's calls are
+numbered and recorded like the user's, before them.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,22 +23,28 @@ import torch
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
 from ringreduce.plan import slicing
-from ringreduce.plan.topology import Topology
 
 if TYPE_CHECKING:
     from ringreduce.execution.resources import Resources
 
 PROBE_BYTES = 16 << 20
-"""What the probe moves through the machine: large enough that the stages' bandwidth,
-not their latency, decides (a DDP bucket is 25 MiB), small enough to take a few
-milliseconds on NVLink and ~10 ms on a 10 Gbit/s rail at two machines."""
+"""One probe call: large enough that bandwidth, not latency, decides (a DDP bucket is
+25 MiB), small enough that the probe takes well under a second at 10 Gbit/s."""
+LARGEST_PROBE_BYTES = 256 << 20
+"""Above this ``min_bytes`` the probe is not run (the pipeline is taken)."""
 ROUNDS = 3
-"""Timed rounds; the fastest counts (the least disturbed)."""
+"""Timed calls per plan."""
+WARMUP = 2
 
 
-def choose_plan(res: Resources, config: Config) -> slicing.Choice:
-    """The plan of ``res``'s hierarchical calls: the user's, else the probe's (CUDA),
-    else the pipeline (gloo)."""
+def needed(res: Resources, config: Config) -> bool:
+    """Whether the plan is the probe's to choose (plan_without_probe said None)."""
+    return plan_without_probe(res, config) is None
+
+
+def plan_without_probe(res: Resources, config: Config) -> slicing.Choice | None:
+    """The plan when nothing needs measuring: the user's, one machine, gloo (the
+    pipeline), one device per machine (the rail all-reduce is the call); else None."""
     topo = res.topo
     if topo.machines == 1:
         return slicing.ONE_MACHINE
@@ -45,64 +54,53 @@ def choose_plan(res: Resources, config: Config) -> slicing.Choice:
         return slicing.CPU_DEFAULT
     if topo.devices_per_machine == 1:
         return slicing.ONE_DEVICE
-    intra_s, rail_s = _timed(res, topo, config.timeout_s)
-    return slicing.choose_share(_agreed_share(res, intra_s, rail_s, config.timeout_s))
+    return None
 
 
-def _timed(res: Resources, topo: Topology, timeout_s: float) -> tuple[float, float]:
-    """(intra-machine seconds, rail seconds) of one round on this rank, the fastest of
-    ROUNDS. Each stage is timed right after a one-element all-reduce over every rank,
-    which ends on all of them at about the same moment: otherwise a rank would count
-    as its own stage's time the wait for a peer still busy on its rail (rails finish
-    at different times, and first calls connect)."""
-    devices, transport = topo.devices_per_machine, res.transport
-    k = PROBE_BYTES // 4 // devices
-    body = torch.zeros(devices * k, dtype=torch.float32, device=res.device)
-    chunk = body.view(devices, k)[topo.device_index]
-    one = torch.zeros(1, dtype=torch.float32, device=res.device)
-    stream = res.sync.streams["flat"]
-    handle = stream.cuda_stream
-
-    def intra() -> None:
-        transport.reduce_scatter_into("reduce_scatter", body, chunk, "sum", handle)
-        transport.all_gather_into("all_gather", chunk, body, handle)
-
-    def rail() -> None:
-        transport.all_reduce_on("collect", chunk, "sum", handle)
-
-    def line_up() -> None:
-        transport.all_reduce_on("world", one, "sum", handle)
-
-    stream.wait_stream(torch.cuda.current_stream(res.device))  # the zeros are written
-    rounds = []
-    with torch.cuda.stream(stream):
-        intra()
-        rail()  # warm-up: first calls connect to their peers
-        for _ in range(ROUNDS):
-            marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-            for stage, (start, end) in ((intra, marks[:2]), (rail, marks[2:])):
-                line_up()
-                start.record(stream)
-                stage()
-                end.record(stream)
-            rounds.append(marks)
-    _wait(rounds[-1][3], timeout_s, "the construction probe's stage timings")
-    return (min(m[0].elapsed_time(m[1]) for m in rounds) / 1e3,
-            min(m[2].elapsed_time(m[3]) for m in rounds) / 1e3)
+def compare(res: Resources, all_reduce: Callable[[torch.Tensor], object],
+            config: Config) -> slicing.Choice:
+    """Time both plans through ``all_reduce`` (the communicator's, synchronous) and
+    return the faster, agreed over every rank. Leaves ``res.plan`` set to it. A call
+    of ``min_bytes`` at least (smaller ones take the flat route)."""
+    nbytes = max(PROBE_BYTES, config.min_bytes)
+    if nbytes > LARGEST_PROBE_BYTES:
+        res.plan = slicing.Choice(slicing.PIPELINED, f"min_bytes={config.min_bytes} is above "
+                                  f"the probe's largest call ({LARGEST_PROBE_BYTES} bytes)")
+        return res.plan
+    timeout_s = config.timeout_s
+    t = torch.zeros(-(-nbytes // 4), dtype=torch.float32, device=res.device)
+    seconds = []
+    for plan in slicing.PLANS:
+        res.plan = slicing.Choice(plan, "the construction probe")
+        seconds.append(_timed(lambda: all_reduce(t), res, timeout_s))
+    agreed = torch.tensor(seconds, dtype=torch.float64, device=res.device)
+    all_reduce_max(res, agreed, timeout_s)
+    one, piped = agreed.tolist()
+    res.plan = slicing.choose(one, piped, t.numel() * 4)
+    return res.plan
 
 
-def _agreed_share(res: Resources, intra_s: float, rail_s: float, timeout_s: float) -> float:
-    """The largest intra-machine share over every rank."""
-    share = torch.tensor([intra_s / max(intra_s + rail_s, 1e-12)], dtype=torch.float32,
-                         device=res.device)
-    stream = res.sync.streams["flat"]
-    stream.wait_stream(torch.cuda.current_stream(res.device))
-    with torch.cuda.stream(stream):
-        res.transport.all_reduce_on("world", share, "max", stream.cuda_stream)
+def _timed(call: Callable[[], object], res: Resources, timeout_s: float) -> float:
+    """Seconds per call on the caller's stream, after the warm-up."""
+    for _ in range(WARMUP):
+        call()
+    stream = torch.cuda.current_stream(res.device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    for _ in range(ROUNDS):
+        call()
+    end.record(stream)
+    _wait(end, timeout_s, "the construction probe's calls")
+    return start.elapsed_time(end) / 1e3 / ROUNDS
+
+
+def all_reduce_max(res: Resources, t: torch.Tensor, timeout_s: float) -> None:
+    """``t`` = its elementwise maximum over every rank (the world communicator)."""
+    stream = torch.cuda.current_stream(res.device)
+    res.transport.all_reduce_on("world", t, "max", stream.cuda_stream)
     done = torch.cuda.Event()
     done.record(stream)
     _wait(done, timeout_s, "the construction probe's agreement")
-    return float(share.item())
 
 
 def _wait(event: torch.cuda.Event, timeout_s: float, what: str) -> None:

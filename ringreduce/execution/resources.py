@@ -82,7 +82,9 @@ class Resources:
     call_check: Any = None
     """The end-of-call check (call_check.py, Config.check_call_end); None: off."""
     plan: slicing.Choice = slicing.CPU_DEFAULT
-    """How hierarchical all-reduces are issued, and why (probe.choose_plan)."""
+    """How hierarchical all-reduces are issued, and why (execution/probe.py)."""
+    probe_calls: int = 0
+    """Calls the construction probe made (numbered before the user's)."""
     issuing: tuple[Record, float] | None = None
     """The call being issued and since when (time.monotonic()); None between calls."""
 
@@ -185,7 +187,7 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
         _build_cpu(res, store, datetime.timedelta(seconds=config.timeout_s), config.diffuse_gather)
         res.call_check = HostCallCheck() if config.check_call_end else None
     res.divisors = _divisors(world, device)
-    res.plan = probe.choose_plan(res, config)
+    res.plan = probe.plan_without_probe(res, config) or slicing.UNDECIDED
     if is_cuda:  # last, as ever: what graphs capture and the native issuer traces reads them
         cuda_setup.build_replay(res, config)
     return res

@@ -8,16 +8,15 @@ its time approaches the slowest stage's, but every slice costs host time (an NCC
 group per wave, events per stage) and a fill and drain.
 
 So slicing pays only where the intra-machine stages take time comparable to the
-rail's: one GPU shared by virtual machines, PCIe-only machines. On NVLink machines
-joined by a network the two intra-machine stages are a few percent of the rail's
-time, the composition reaches the pipeline's wire time (the references issue
-measured both at the link bound), and the pipeline's host time buys nothing.
+rail's and the host issues slices faster than the device runs them: one GPU shared
+by virtual machines, PCIe-only machines, slow networks. On NVLink machines joined by
+a network the two intra-machine stages are a few percent of the rail's time; over a
+fast link the pipeline's host time is the call's time. Both favour one slice.
 
-``choose`` decides from what a probe measured when the communicator was built:
-``intra_s``, one reduce-scatter plus one all-gather inside the machine, and
-``rail_s``, the rail all-reduce of the same call's chunk. If the intra-machine share
-of an unpipelined call is at most ``ONE_SLICE_SHARE``, perfect overlap could save at
-most that share, about what the pipeline's fill, drain and per-slice overheads cost.
+``choose`` decides from what the construction probe measured (execution/probe.py):
+the time of one call of the probe's size on each plan, as a call runs. One slice wins
+ties within ``ONE_SLICE_MARGIN``: it costs a fraction of the pipeline's host time and
+CPU, which the probe's device-side clock does not see when the device is the slower.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ from ringreduce.config import PLANS
 
 ONE_SLICE, PIPELINED = PLANS
 
-ONE_SLICE_SHARE = 0.10
-"""The largest intra-machine share of an unpipelined call for which one slice is chosen."""
+ONE_SLICE_MARGIN = 0.05
+"""One slice is chosen unless the pipeline was faster by more than this fraction."""
 
 
 @dataclass(frozen=True)
@@ -49,24 +48,19 @@ class Choice:
         return f"plan={self.plan}: {self.reason}"
 
 
-def choose(intra_s: float, rail_s: float) -> Choice:
-    """The plan from the probe's times (seconds, the slowest rank's share: every rank
-    must decide alike, so the caller agrees on the share before calling this)."""
-    if intra_s < 0 or rail_s <= 0:
-        raise ValueError(f"probe times must be positive, got intra_s={intra_s!r}, "
-                         f"rail_s={rail_s!r}")
-    return choose_share(intra_s / (intra_s + rail_s))
-
-
-def choose_share(share: float) -> Choice:
-    """The plan from the intra-machine share of one unpipelined call (0..1)."""
-    measured = (f"the intra-machine stages took {share:.1%} of an unpipelined call "
-                f"in the construction probe")
-    if share <= ONE_SLICE_SHARE:
-        return Choice(ONE_SLICE, f"{measured} (<= {ONE_SLICE_SHARE:.0%}: pipelining could "
-                                 "save at most that)")
-    return Choice(PIPELINED, f"{measured} (> {ONE_SLICE_SHARE:.0%}: overlapping the stages "
-                             "pays)")
+def choose(one_slice_s: float, pipelined_s: float, nbytes: int) -> Choice:
+    """The plan from the probe's seconds per call of ``nbytes`` on each plan (the
+    slowest rank's: every rank must decide alike)."""
+    if one_slice_s <= 0 or pipelined_s <= 0:
+        raise ValueError(f"probe times must be positive, got one_slice_s={one_slice_s!r}, "
+                         f"pipelined_s={pipelined_s!r}")
+    measured = (f"a {nbytes >> 20} MiB call took {one_slice_s * 1e3:.2f} ms on one slice, "
+                f"{pipelined_s * 1e3:.2f} ms pipelined in the construction probe")
+    if pipelined_s * (1 + ONE_SLICE_MARGIN) < one_slice_s:
+        return Choice(PIPELINED, f"{measured}: the pipeline is faster by more than "
+                                 f"{ONE_SLICE_MARGIN:.0%}")
+    return Choice(ONE_SLICE, f"{measured}: one slice is as fast (within "
+                             f"{ONE_SLICE_MARGIN:.0%}) and costs less host time")
 
 
 def given(plan: str) -> Choice:
@@ -74,6 +68,7 @@ def given(plan: str) -> Choice:
     return Choice(plan, "set by plan= (RINGREDUCE_PLAN)")
 
 
+UNDECIDED = Choice(PIPELINED, "not probed yet (the probe runs at the end of construction)")
 ONE_MACHINE = Choice(ONE_SLICE, "one machine: every call takes the flat route")
 ONE_DEVICE = Choice(ONE_SLICE, "one device per machine: the rail all-reduce is the whole call")
 CPU_DEFAULT = Choice(PIPELINED, "gloo: inside a machine as slow as the network, so the "

@@ -120,6 +120,7 @@ class Communicator:
         if self._res.plan is slicing.UNDECIDED:
             probe.compare(self._res, self.all_reduce, self.config)
             self._res.probe_calls = self._op_number
+            self._res.guard.recorder.forget()
         if self._res.topo.rank == 0:
             log.info("ringreduce: %s", self.describe())
             note = _flat_note(self._res.topo, self.config, host)

@@ -1,7 +1,8 @@
-"""FSDP2's gradient reduce-scatter through ringreduce's hierarchical engine.
+"""FSDP2's gradient reduce-scatter (and HSDP's replicate all-reduce) through ringreduce.
 
     fully_shard(layer) for each layer; fully_shard(model)
     ringreduce.fsdp.apply(model, machines=None, wire=None)   # every FSDP module
+    ringreduce.fsdp.apply(model, replicate=mesh["replicate"].get_group())  # custom HSDP
 
 FSDP2 (``torch.distributed.fsdp.fully_shard``, torch >= 2.9) calls its ``ReduceScatter``
 once per FSDP module and backward, on its reduce-scatter stream, as
@@ -18,12 +19,30 @@ overflow; ``force_sum_reduction_for_comms``), ``PREMUL_SUM(1/f)`` for
 contract, so the exact route hands the call to it: reduce-scatter inside the machine,
 then along the rail (execution/collectives.py). With ``wire="int8" | "fp8" | "int4"``
 the rail hop is quantized (execution/compressed_scatter.py), with error feedback per
-FSDP module. HSDP's replicate all-reduce is not routed here (FSDP issues it itself).
+FSDP module.
+
+HSDP's replicate all-reduce. On a 2-D mesh ("native" HSDP: ``fully_shard(mesh=mesh)``
+with mesh dimensions (replicate, shard)) FSDP issues it itself, ``dist.all_reduce`` on
+the replicate group, and ``set_all_reduce_hook`` cannot replace it: torch runs the hook
+*after* that all-reduce, on its output (``foreach_reduce`` in torch 2.13; so since the
+hook came, pytorch#147114). That all-reduce is ringreduce's only where the replicate
+group is the "ringreduce" backend's; ``apply`` says so once. The hook's own use is
+torch's "custom HSDP": shard on the shard dimension alone, ``fully_shard(mesh=
+mesh["shard"])``, and pass ``replicate=mesh["replicate"].get_group()`` (or a
+Communicator over it). FSDP then runs no all-reduce and calls the hook with the
+reduce-scatter's output, on its all-reduce stream after the reduce-scatter's; the
+hook all-reduces it in place there (a Communicator call orders itself after the
+caller's stream, and the caller's stream after it) with native HSDP's operation: AVG
+in fp32 and bf16, native HSDP's result bit for bit where the sums are exact; SUM
+after ``set_gradient_divide_factor``; a division by the replica count, then SUM, for
+fp16 or ``set_force_sum_reduction_for_comms`` (FSDP's own division then covers the
+shard group only: the same average, rounded differently from native HSDP's).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,6 +54,7 @@ from ringreduce.execution import quant
 if TYPE_CHECKING:
     from torch import nn
 
+log = logging.getLogger("ringreduce")
 
 
 def _reduce_scatter_base() -> Any:
@@ -54,7 +74,8 @@ class ShardGroupComms:
     """One Communicator per FSDP shard group, shared by the modules of a model: built
     on the group's first reduce-scatter (collective: every rank of the group reaches it
     at the same call) with ``settings`` (Communicator's keyword arguments), or the
-    user's ``comm`` for every group, checked to match."""
+    user's ``comm`` for every group, checked to match. ``replicate``: the one over
+    HSDP's replicate group, when ``apply`` routes that all-reduce."""
 
     def __init__(self, comm: Communicator | None = None, **settings: Any) -> None:
         if comm is not None and settings:
@@ -63,6 +84,18 @@ class ShardGroupComms:
         self._given = comm
         self._settings = settings
         self._built: dict[str, Communicator] = {}
+        self.replicate: Communicator | None = None
+        self._owns_replicate = False
+
+    def set_replicate(self, replicate: dist.ProcessGroup | Communicator) -> Communicator:
+        """The communicator over the replicate group: ``replicate`` itself, or one built
+        on that group now with this object's settings (collective over the group)."""
+        if isinstance(replicate, Communicator):
+            self.replicate = replicate
+        else:
+            self.replicate = Communicator(replicate, **self._settings)
+            self._owns_replicate = True
+        return self.replicate
 
     def get(self, group: dist.ProcessGroup) -> Communicator:
         """The communicator over ``group``."""
@@ -76,10 +109,13 @@ class ShardGroupComms:
         return comm
 
     def close(self) -> None:
-        """Close the communicators built here (a given one stays its owner's)."""
+        """Close the communicators built here (given ones stay their owner's)."""
         for comm in self._built.values():
             comm.close()
         self._built.clear()
+        if self.replicate is not None and self._owns_replicate:
+            self.replicate.close()
+        self.replicate = None
 
 
 def _check_matches(comm: Communicator, group: dist.ProcessGroup) -> None:
@@ -118,6 +154,8 @@ class RingReduceScatter(_ReduceScatterBase):
         """This module's error-feedback key in its Communicator (one hook per module)."""
         self._used: list[Communicator] = []
         """The Communicators that keep feedback under the key."""
+        self.replicate: ReplicaAllReduce | None = None
+        """This module's replicate all-reduce, when ``apply`` routes it (custom HSDP)."""
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """FSDP's buffers: plain tensors (the engine needs no special memory)."""
@@ -144,9 +182,74 @@ class RingReduceScatter(_ReduceScatterBase):
         return as_work(fut)
 
     def reset_feedback(self) -> None:
-        """Forget the error feedback (e.g. after loading a checkpoint)."""
+        """Forget the error feedback (e.g. after loading a checkpoint), the replicate
+        all-reduce's too."""
         for comm in self._used:
             comm.reset_feedback(self._key)
+        if self.replicate is not None:
+            self.replicate.reset_feedback()
+
+
+class ReplicaAllReduce:
+    """HSDP's replicate all-reduce through ``comm`` (a Communicator over the replicate
+    group), for ``FSDPModule.set_all_reduce_hook`` of ``module``, sharded on the shard
+    dimension alone (the module docstring says why not on a 2-D mesh). In place, as
+    torch requires: FSDP views the tensor as the gradient shards afterwards. ``wire``:
+    None for the exact all-reduce, or a quantized format with error feedback kept here
+    (one object per module, as ``apply`` makes them).
+
+    Every call all-reduces: without native HSDP, FSDP calls the hook even under
+    ``set_requires_all_reduce(False)`` and adds the result to the gradient, so a call
+    skipped would leave a shard unreduced."""
+
+    def __init__(self, comm: Communicator, module: nn.Module, *,
+                 wire: str | None = None) -> None:
+        if wire is not None and wire not in quant.FORMATS:
+            raise ValueError(f"wire={wire!r} is not a quantized wire format; use one of "
+                             f"{tuple(quant.FORMATS)}, or None for the exact route")
+        _division_settings(module)  # fails here, not mid-backward, on a torch without them
+        self.comm, self.wire, self._module = comm, wire, module
+        self._key = f"fsdp all_reduce {id(self)}"
+
+    def __call__(self, reduce_output: torch.Tensor) -> None:
+        """Unpipelined meaning: reduce_output = op(reduce_output of every replica),
+        op as native HSDP's all-reduce (the module docstring)."""
+        factor_set, sum_only = _division_settings(self._module)
+        op: Any = dist.ReduceOp.AVG
+        if factor_set:
+            op = dist.ReduceOp.SUM  # the user's factor is the whole division, as natively
+        elif sum_only or reduce_output.dtype not in (torch.float32, torch.bfloat16):
+            # FSDP divides by the shard group's size only: the replicas' share here,
+            # before the sum (fp16 would overflow where the average does not)
+            reduce_output.div_(self.comm.topology.world_size)
+            op = dist.ReduceOp.SUM
+        if self.wire is None or self.comm.topology.machines == 1:
+            self.comm.all_reduce(reduce_output, op)
+        else:
+            self.comm.all_reduce(reduce_output, op, wire=self.wire, feedback=self._key)
+
+    def reset_feedback(self) -> None:
+        """Forget the error feedback (e.g. after loading a checkpoint)."""
+        self.comm.reset_feedback(self._key)
+
+
+def _division_settings(module: nn.Module) -> tuple[bool, bool]:
+    """(a gradient divide factor is set, SUM-only collectives) for ``module``, as
+    ``set_gradient_divide_factor`` and ``set_force_sum_reduction_for_comms`` left its
+    FSDP parameter groups. torch keeps them on private objects; read per call, since
+    both may be set after ``apply``."""
+    state = module._get_fsdp_state()  # type: ignore[operator]  # FSDPModule's
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:  # torch before per-parameter meshes: at most one group
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [] if group is None else [group]
+    try:
+        return (any(g.gradient_divide_factor is not None for g in groups),
+                any(g.force_sum_reduction_for_comms for g in groups))
+    except AttributeError as exc:
+        raise RuntimeError(f"torch {torch.__version__}'s FSDP keeps no {exc.name} where "
+                           "ringreduce reads it, so the replicate all-reduce cannot follow "
+                           "its division; use native HSDP (a 2-D mesh) instead") from exc
 
 
 def _premultiplied(input: torch.Tensor, op: Any) -> Any:
@@ -159,23 +262,66 @@ def _premultiplied(input: torch.Tensor, op: Any) -> Any:
 
 
 def apply(model: nn.Module, comm: Communicator | None = None, *, wire: str | None = None,
+          replicate: dist.ProcessGroup | Communicator | None = None,
           **settings: Any) -> list[RingReduceScatter]:
     """Route the gradient reduce-scatter of every FSDP module of ``model`` (after
     ``fully_shard``) through ringreduce; returns the hooks, one per module. ``comm``: a
     Communicator over the shard group, or None to build one per shard group from
-    ``settings`` (Communicator's keyword arguments: ``machines``, ``min_bytes``, ...)."""
+    ``settings`` (Communicator's keyword arguments: ``machines``, ``min_bytes``, ...).
+
+    ``replicate``: HSDP's replicate group (``mesh["replicate"].get_group()``), or a
+    Communicator over it, for a model sharded on ``mesh["shard"]`` alone: each module's
+    all-reduce hook then all-reduces its gradient shards across the replicas, with
+    ``wire`` too (``hook.replicate``). A group gets a Communicator built now from
+    ``settings`` (collective over it); pass a Communicator for other settings there.
+    Refused for a model on a 2-D mesh, whose replicate all-reduce FSDP runs itself."""
     fsdp_module = _fsdp_module_class()
-    comms = ShardGroupComms(comm, **settings)
-    hooks = []
-    for _, module in model.named_modules():
-        if isinstance(module, fsdp_module):
-            hook = RingReduceScatter(comms, wire=wire)
-            module.set_custom_reduce_scatter(hook)
-            hooks.append(hook)
-    if not hooks:
+    modules = [m for m in model.modules() if isinstance(m, fsdp_module)]
+    if not modules:
         raise ValueError(f"{type(model).__name__} has no FSDP module: call fully_shard on its "
                          "layers and on it first, then ringreduce.fsdp.apply(model)")
+    native = _native_replicate_group(model)
+    if replicate is not None and native is not None:
+        raise ValueError("the model is sharded on a 2-D mesh (native HSDP): FSDP all-reduces "
+                         "across replicas itself and runs an all-reduce hook after that, so "
+                         "replicate= would all-reduce twice; shard on mesh['shard'] alone to "
+                         "pass replicate=, or leave it out")
+    if native is not None:
+        _note_native(native)
+    comms = ShardGroupComms(comm, **settings)
+    replica_comm = None if replicate is None else comms.set_replicate(replicate)
+    hooks = []
+    for module in modules:
+        hook = RingReduceScatter(comms, wire=wire)
+        module.set_custom_reduce_scatter(hook)
+        if replica_comm is not None:
+            hook.replicate = ReplicaAllReduce(replica_comm, module, wire=wire)
+            module.set_all_reduce_hook(hook.replicate)
+        hooks.append(hook)
     return hooks
+
+
+def _native_replicate_group(model: nn.Module) -> dist.ProcessGroup | None:
+    """The replicate group of a model that FSDP shards as native HSDP (its parameters'
+    first mesh dimension replicates: FSDP's (Replicate(), Shard(0))), else None."""
+    from torch.distributed.tensor import DTensor
+    for p in model.parameters():
+        if isinstance(p, DTensor) and p.device_mesh.ndim > 1 and p.placements[0].is_replicate():
+            return p.device_mesh.get_group(0)
+    return None
+
+
+def _note_native(group: dist.ProcessGroup) -> None:
+    """Say, once per ``apply``, whose the native HSDP all-reduce is: a documented
+    decision, not a silent one."""
+    backend = str(dist.get_backend(group))
+    if backend == "ringreduce" or dist.get_rank() != 0:
+        return
+    log.warning("ringreduce.fsdp: HSDP's replicate all-reduce stays FSDP's own "
+                "dist.all_reduce on its %s group (torch runs an all-reduce hook after it, "
+                "not instead); to route it through ringreduce, shard on mesh['shard'] and "
+                "pass replicate=mesh['replicate'].get_group(), or build the mesh on the "
+                "'ringreduce' backend", backend)
 
 
 def _fsdp_module_class() -> Any:

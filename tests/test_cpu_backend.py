@@ -1,6 +1,7 @@
-"""The "ringreduce" torch.distributed backend on the CPU path: dist.all_reduce goes
-through the engine (bit-exact, hierarchical at 2 x 2), everything else through gloo,
-and DDP without a hook trains like DDP on gloo."""
+"""The "ringreduce" torch.distributed backend on the CPU path: dist.all_reduce,
+reduce_scatter_tensor and all_gather_into_tensor go through the engine (bit-exact,
+hierarchical at 2 x 2), everything else through gloo, and DDP without a hook trains
+like DDP on gloo (FSDP2 on the backend: test_cpu_fsdp.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ringreduce.errors import RingReduceError
 from ringreduce.integrations.backend import RingReduceGroup
 
-from .cases import DTYPES, OPS, check_equal, expected, rank_input
+from .cases import DTYPES, OPS, block_sweep, check_equal, expected, rank_input
 from .multiproc import run_test_ranks
 from .test_cpu_api import model, train
 
@@ -43,6 +44,18 @@ def _collectives_worker(rank: int, world: int) -> None:
     assert engine.topology.machines == 2
     records = list(engine._res.guard.recorder._records)
     assert {r.route for r in records} == {"hierarchical"}
+    calls += block_sweep(_DistBlocks(), [1, 7, 1000], CPU)
+    assert engine.op_number == calls, (engine.op_number, calls)
+    assert {(r.kind, r.route) for r in engine._res.guard.recorder._records} == \
+        {("reduce_scatter", "hierarchical"), ("all_gather", "hierarchical")}
+    # Bytes (FSDP2 gathers them when a module's parameters differ in dtype): gloo's.
+    gathered_bytes = torch.zeros(world * 3, dtype=torch.uint8)
+    _all_gather(gathered_bytes, torch.full((3,), rank, dtype=torch.uint8))
+    assert torch.equal(gathered_bytes, torch.arange(world, dtype=torch.uint8).repeat_interleave(3))
+    assert engine.op_number == calls
+    # A view that is not contiguous: refused on every rank before anything is sent.
+    with pytest.raises(ValueError, match="contiguous"):
+        _reduce_scatter(torch.zeros(2), torch.zeros(2 * world, 2)[:, 0])
     # Not the engine's: PRODUCT goes to gloo, logged once; the engine is not called.
     t = torch.full((5,), 2.0)
     dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
@@ -51,12 +64,34 @@ def _collectives_worker(rank: int, world: int) -> None:
     b = torch.full((3,), float(rank))
     dist.broadcast(b, src=1)
     assert torch.equal(b, torch.ones(3))
-    gathered = torch.zeros(world * 2)
-    dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank)))
-    assert torch.equal(gathered, torch.arange(world).repeat_interleave(2).float())
+    pieces = [torch.zeros(2) for _ in range(world)]
+    dist.all_gather(pieces, torch.full((2,), float(rank)))
+    assert torch.equal(torch.cat(pieces), torch.arange(world).repeat_interleave(2).float())
     dist.barrier()
+    assert engine.op_number == calls
     work = dist.all_reduce(torch.ones(4), async_op=True)
     assert work is not None and work.wait()
+
+
+# torch 2.13 names them *_single and warns on the old names, the only ones older torch has
+_reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
+
+class _DistBlocks:
+    """The default group's reduce-scatter and all-gather, shaped like Communicator's
+    (for cases.block_sweep)."""
+
+    topology = "the ringreduce backend"
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: object,
+                       async_op: bool) -> object:
+        work = _reduce_scatter(output, input, op=op, async_op=async_op)
+        return work.get_future().then(lambda f: output) if async_op else None
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool) -> object:
+        work = _all_gather(output, input, async_op=async_op)
+        return work.get_future().then(lambda f: output) if async_op else None
 
 
 def test_backend_all_reduce_goes_through_the_engine(caplog: pytest.LogCaptureFixture) -> None:
@@ -71,23 +106,19 @@ def other_collectives(rank: int, world: int, rounds: int,
     (gloo's worker waiting for the GIL while holding its queue lock, the caller holding
     the GIL and waiting for the lock), so a few hundred rounds would hang without the
     hand-off; the run's deadline turns a hang into a failure. The GPU backend test runs
-    it on CUDA tensors (NCCL's side)."""
+    it on CUDA tensors (NCCL's side). Then one reduce_scatter_tensor and one
+    all_gather_into_tensor: the engine's, and the only calls it got."""
     f32: dict[str, Any] = {"dtype": torch.float32, "device": device}
     engine_calls = {kind: e.op_number for kind, e in _group()._engines.items()}
     for i in range(rounds):
-        gathered = torch.zeros(world * 2, **f32)
-        dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank + i), **f32))
-        assert torch.equal(gathered, (torch.arange(world, **f32) + i).repeat_interleave(2))
+        pieces = [torch.zeros(2, **f32) for _ in range(world)]
+        dist.all_gather(pieces, torch.full((2,), float(rank + i), **f32))
+        assert all(torch.equal(p, torch.full((2,), float(r + i), **f32))
+                   for r, p in enumerate(pieces))
         b = torch.full((3,), float(rank), **f32)
         dist.broadcast(b, src=i % world)
         assert torch.equal(b, torch.full((3,), float(i % world), **f32))
         dist.barrier()
-    pieces = [torch.zeros(2, **f32) for _ in range(world)]
-    dist.all_gather(pieces, torch.full((2,), float(rank), **f32))
-    assert all(torch.equal(p, torch.full((2,), float(r), **f32)) for r, p in enumerate(pieces))
-    scattered = torch.zeros(2, **f32)
-    dist.reduce_scatter_tensor(scattered, torch.arange(world * 2, **f32))
-    assert torch.equal(scattered, world * torch.arange(rank * 2, rank * 2 + 2, **f32))
     exchanged = torch.zeros(world, **f32)
     dist.all_to_all_single(exchanged, torch.full((world,), float(rank), **f32))
     assert torch.equal(exchanged, torch.arange(world, **f32))
@@ -102,6 +133,14 @@ def other_collectives(rank: int, world: int, rounds: int,
     assert torch.equal(got, torch.full((2,), float(peer), **f32))
     # None of them was the engine's.
     assert {kind: e.op_number for kind, e in _group()._engines.items()} == engine_calls
+    scattered = torch.zeros(2, **f32)
+    _reduce_scatter(scattered, torch.arange(world * 2, **f32))
+    assert torch.equal(scattered, world * torch.arange(rank * 2, rank * 2 + 2, **f32))
+    gathered = torch.zeros(world * 2, **f32)
+    _all_gather(gathered, torch.full((2,), float(rank), **f32))
+    assert torch.equal(gathered, torch.arange(world, **f32).repeat_interleave(2))
+    engine = _group().communicator(device)
+    assert engine.op_number == engine_calls.get(device.type, 0) + 2, engine.op_number
 
 
 def test_other_collectives_are_the_backends_and_do_not_deadlock() -> None:

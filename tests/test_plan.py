@@ -306,3 +306,20 @@ def test_waves_see_the_records_that_slice_major_order_sees(devices: int, slots: 
             if s.stage == schedule.AFTER_GROUP:
                 assert (s.slice_index, "collect") in [(x.slice_index, x.stage) for x in wave]
     assert schedule.waves(steps, grouped=False) == tuple((s,) for s in steps)
+
+
+def test_config_names_the_plans_of_plan_slicing() -> None:
+    """config.py validates Config.plan against its own copy of the names (it sits below
+    the plan package); they must stay the same."""
+    from ringreduce import config
+    from ringreduce.plan import slicing
+    assert config.PLANS == slicing.PLANS
+
+
+def test_the_probe_takes_one_slice_unless_the_pipeline_is_clearly_faster() -> None:
+    from ringreduce.plan import slicing
+    assert slicing.choose(0.0104, 0.0100, 16 << 20).one_slice  # within 5%: one slice
+    chosen = slicing.choose(0.0227, 0.0150, 16 << 20)
+    assert chosen.plan == slicing.PIPELINED and "22.70 ms on one slice" in chosen.reason
+    with pytest.raises(ValueError, match="positive"):
+        slicing.choose(0.0, 0.01, 1)

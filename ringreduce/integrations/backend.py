@@ -1,11 +1,17 @@
 """The torch.distributed backend "ringreduce": ``dist.init_process_group("ringreduce")``.
 
-Fairring's users changed one string; so can ours. ``all_reduce`` on the group runs
-through a ringreduce Communicator (hierarchical across machines, NCCL's own below
-``min_bytes`` or on one machine, exactly as a Communicator routes it). Every other
-collective goes to NCCL for CUDA tensors and gloo for CPU tensors: the group
-registers both as its per-device backends, so torch dispatches them natively. DDP
-needs no hook, because its reducer calls the group's ``allreduce``.
+Fairring's users changed one string; so can ours. ``all_reduce``,
+``reduce_scatter_tensor`` and ``all_gather_into_tensor`` on the group run through a
+ringreduce Communicator (hierarchical across machines, NCCL's own below ``min_bytes``
+or on one machine, exactly as a Communicator routes each). Every other collective goes
+to NCCL for CUDA tensors and gloo for CPU tensors: the group registers both as its
+per-device backends, so torch dispatches them natively. DDP needs no hook, because its
+reducer calls the group's ``allreduce``; FSDP2 (``fully_shard``) needs none either: its
+default reduce-scatter and all-gather call ``dist.reduce_scatter_single`` and
+``dist.all_gather_single`` (torch 2.13; ``reduce_scatter_tensor`` and
+``all_gather_into_tensor`` before), which reach the group's ``reduce_scatter_single``
+and ``all_gather_single`` (``_reduce_scatter_base`` and ``_allgather_base`` before),
+and HSDP's replicate all-reduce is a ``dist.all_reduce`` on a group of this backend.
 
 Registered on ``import ringreduce`` (once per process). Needs torch >= 2.4 for
 Python process groups with per-device backends (``ProcessGroup._register_backend``)
@@ -13,12 +19,17 @@ and ``_create_work_from_future``; tested on 2.11 (GPU) and 2.13 (CPU). The devic
 forms ``"cuda:ringreduce"`` and ``"cpu:gloo,cuda:ringreduce"`` work too, but give the
 same group: torch lets a Python process group serve every device.
 
-An ``allreduce`` the engine does not take (several tensors, another dtype or op such
-as PREMUL_SUM or BAND, a sparse tensor) runs on the device's own backend; logged once
-per reason, never silent. A non-contiguous tensor is refused (ValueError) before any
-communication, as NCCL's process group refuses it: gloo would write outside the view.
+A call the engine does not take (several tensors, another dtype or op such as
+PREMUL_SUM or BAND, a sparse tensor) runs on the device's own backend; logged once
+per collective and reason, never silent (FSDP2 all-gathers bytes, uint8, when a
+module's parameters differ in dtype). A non-contiguous tensor is refused (ValueError)
+before any communication, as NCCL's process group refuses it: gloo would write
+outside the view. torch's functional collectives (DTensor's redistribute,
+torch.compile) call the C++ group, whose Python trampoline offers neither
+``reduce_scatter_single`` nor ``all_gather_single`` (torch 2.13): those stay the
+device backend's.
 
-The engine of a device is built at the group's first all_reduce on it, under a lock
+The engine of a device is built at the group's first engine call on it, under a lock
 (threads), collectively: every rank first publishes its settings and waits for every
 other rank within the group's timeout (safety/agreement.py), so an absent rank is
 named in a RingReduceError, ranks configured differently fail naming the field, and a
@@ -45,6 +56,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -79,7 +91,7 @@ class RingReduceGroup(dist.ProcessGroup):
         nothing that a later attempt could trip over."""
         self._building = threading.Lock()
         """Two threads' first calls must not build two engines on one prefix."""
-        self._delegated: set[str] = set()
+        self._delegated: set[tuple[str, str]] = set()
         gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
         self._register_backend(torch.device("cpu"), _BackendType.GLOO, gloo)
         default = _BackendType.GLOO
@@ -98,18 +110,49 @@ class RingReduceGroup(dist.ProcessGroup):
     def allreduce(  # type: ignore[override]  # torch's C++ calls it with (tensors, opts)
             self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else c10d.AllreduceOptions()
-        for t in tensors:
-            if t.layout == torch.strided and not t.is_contiguous():
-                # gloo would write outside the view (NCCL refuses such tensors too)
-                checks.tensor(t, "all_reduce", "tensor", t.device)
-        reason = self._not_ours(tensors, opts.reduceOp)
+        _refuse_views(tensors, "all_reduce")
+        reason = f"{len(tensors)} tensors in one call" if len(tensors) != 1 else \
+            _not_ours(tensors, opts.reduceOp)
         if reason:
-            return self._delegate(tensors, opts, reason)
+            device = tensors[0].device if tensors else self._default_device
+            return self._delegate("all_reduce", "allreduce", (tensors, opts), device, reason)
         t = tensors[0]
         engine = self._engine(t.device)
         fut = engine.all_reduce(t, op=opts.reduceOp.op, async_op=True)
         assert fut is not None
         return EngineWork(_listed(fut, t.device), engine)
+
+    def _reduce_scatter(self, output: torch.Tensor, input: torch.Tensor,
+                        opts: Any = None) -> Any:
+        """``dist.reduce_scatter_single`` (``reduce_scatter_tensor``) through
+        Communicator.reduce_scatter: hierarchical at M > 1 and D > 1 from
+        ``min_bytes``, the engine's flat route otherwise; ``input`` is left as it was,
+        as NCCL leaves it."""
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
+        _refuse_views((output, input), "reduce_scatter")
+        reason = _not_ours([output, input], opts.reduceOp)
+        if reason:
+            return self._delegate("reduce_scatter", "_reduce_scatter_base",
+                                  (output, input, opts), input.device, reason)
+        engine = self._engine(input.device)
+        fut = engine.reduce_scatter(output, input, opts.reduceOp.op, async_op=True)
+        assert fut is not None
+        return EngineWork(_listed(fut, input.device), engine)
+
+    def _all_gather(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        """``dist.all_gather_single`` (``all_gather_into_tensor``) through
+        Communicator.all_gather, routed as the reduce-scatter; ``input`` may be this
+        rank's block of ``output`` (FSDP2 gathers in place)."""
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+        _refuse_views((output, input), "all_gather")
+        reason = _not_ours([output, input], None)
+        if reason:
+            return self._delegate("all_gather", "_allgather_base", (output, input, opts),
+                                  input.device, reason)
+        engine = self._engine(input.device)
+        fut = engine.all_gather(output, input, async_op=True)
+        assert fut is not None
+        return EngineWork(_listed(fut, input.device), engine)
 
     def communicator(self, device: torch.device) -> Communicator:
         """The engine serving ``device``'s tensors (built on first use, collectively)."""
@@ -126,7 +169,7 @@ class RingReduceGroup(dist.ProcessGroup):
 
     def _build(self, device: torch.device) -> Communicator:
         """The engine for ``device``'s tensors: built collectively at the group's first
-        all_reduce on that device (CUDA: on the current device, which the user sets
+        engine call on that device (CUDA: on the current device, which the user sets
         after creating the group as often as before). Its deadline is the group's
         timeout unless RINGREDUCE_TIMEOUT says otherwise."""
         if device.type == "cuda":
@@ -151,38 +194,25 @@ class RingReduceGroup(dist.ProcessGroup):
     def _machines_or_flat(self, config: Config) -> dict[str, object]:
         """RINGREDUCE_MACHINES applies to every group of the backend; a group whose size
         it does not divide (a pipeline stage of 3 ranks) is one flat machine: its calls
-        take the flat all-reduce, as gloo and NCCL would run them."""
+        take the flat route, as gloo and NCCL would run them."""
         machines = config.machines
         if machines is None or self.size() % machines == 0:
             return {}
         if self.rank() == 0:
             log.warning("ringreduce backend: RINGREDUCE_MACHINES=%d does not divide this "
-                        "group's %d ranks; its all_reduce takes the flat route", machines,
+                        "group's %d ranks; its engine calls take the flat route", machines,
                         self.size())
         return {"machines": 1}
 
-    @staticmethod
-    def _not_ours(tensors: list[torch.Tensor], op: Any) -> str:
-        """Why the engine cannot take this call ("" when it can)."""
-        if len(tensors) != 1:
-            return f"{len(tensors)} tensors in one call"
-        t = tensors[0]
-        if t.dtype not in DTYPES:
-            return f"dtype {t.dtype}"
-        if op.op not in OPS:
-            return f"op {op.op}"
-        if t.layout != torch.strided:
-            return f"layout {t.layout}"
-        return ""
-
-    def _delegate(self, tensors: list[torch.Tensor], opts: Any, reason: str) -> Any:
-        device = tensors[0].device if tensors else torch.device("cpu")
-        if reason not in self._delegated:
-            self._delegated.add(reason)
-            log.warning("ringreduce backend: all_reduce of %s runs on %s's own backend "
-                        "(logged once per reason)", reason, device.type)
+    def _delegate(self, call: str, backend_method: str, args: tuple[Any, ...],
+                  device: torch.device, reason: str) -> Any:
+        """``call`` on ``device``'s own backend; logged once per call and reason."""
+        if (call, reason) not in self._delegated:
+            self._delegated.add((call, reason))
+            log.warning("ringreduce backend: %s of %s runs on %s's own backend "
+                        "(logged once per reason)", call, reason, device.type)
         backend: Any = self._get_backend(device)  # ProcessGroupGloo or -NCCL; not in the stub
-        return backend.allreduce(tensors, opts)
+        return getattr(backend, backend_method)(*args)
 
     def _backend_for(self, args: tuple[Any, ...]) -> Any:
         """The backend of the device of the first tensor in ``args`` (the default
@@ -199,7 +229,7 @@ class RingReduceGroup(dist.ProcessGroup):
 
 
 class EngineWork(dist.Work):
-    """The Work of one engine all-reduce: ``wait()`` raises the operation's error.
+    """The Work of one engine call: ``wait()`` raises the operation's error.
 
     torch's ``_create_work_from_future`` makes a Work whose ``wait()`` returns True
     even when its Future holds an exception (torch 2.13), so a synchronous
@@ -276,6 +306,28 @@ def _listed(fut: torch.futures.Future[torch.Tensor],
     return listed
 
 
+def _not_ours(tensors: list[torch.Tensor], op: Any) -> str:
+    """Why the engine cannot take a call on ``tensors`` with ``op`` (None for an
+    all-gather); "" when it can."""
+    for t in tensors:
+        if t.dtype not in DTYPES:
+            return f"dtype {t.dtype}"
+    if op is not None and op.op not in OPS:
+        return f"op {op.op}"
+    for t in tensors:
+        if t.layout != torch.strided:
+            return f"layout {t.layout}"
+    return ""
+
+
+def _refuse_views(tensors: Sequence[torch.Tensor], call: str) -> None:
+    """A strided tensor that is not contiguous is refused before any communication:
+    gloo would write outside the view (NCCL refuses such tensors too)."""
+    for t in tensors:
+        if t.layout == torch.strided and not t.is_contiguous():
+            checks.tensor(t, call, "tensor", t.device)
+
+
 def _first_tensor(args: Any) -> torch.Tensor | None:
     if isinstance(args, torch.Tensor):
         return args
@@ -292,16 +344,12 @@ def _first_tensor(args: Any) -> torch.Tensor | None:
 # docstring); names this torch does not have are skipped.
 _TO_BACKEND = {
     "allgather": "allgather",
-    "all_gather_single": "_allgather_base",
-    "_allgather_base": "_allgather_base",
     "allreduce_coalesced": "allreduce_coalesced",
     "all_to_all_single": "alltoall_base",
     "alltoall_base": "alltoall_base",
     "barrier": "barrier",
     "broadcast": "broadcast",
     "reduce_scatter": "reduce_scatter",
-    "reduce_scatter_single": "_reduce_scatter_base",
-    "_reduce_scatter_base": "_reduce_scatter_base",
     "send": "send",
     "recv": "recv",
 }
@@ -317,6 +365,21 @@ def _to_backend(backend_method: str) -> Any:
 for _name, _backend_method in _TO_BACKEND.items():
     if hasattr(dist.ProcessGroup, _name):
         setattr(RingReduceGroup, _name, _to_backend(_backend_method))
+
+# Process-group method -> the engine's. torch 2.13's dist.reduce_scatter_single and
+# all_gather_single (reduce_scatter_tensor and all_gather_into_tensor call them) use the
+# first two names; older torch's reduce_scatter_tensor and all_gather_into_tensor the
+# last two. The list forms (dist.reduce_scatter, dist.all_gather) stay gloo's and
+# NCCL's: FSDP2 does not call them.
+_TO_ENGINE = {
+    "reduce_scatter_single": RingReduceGroup._reduce_scatter,
+    "all_gather_single": RingReduceGroup._all_gather,
+    "_reduce_scatter_base": RingReduceGroup._reduce_scatter,
+    "_allgather_base": RingReduceGroup._all_gather,
+}
+for _name, _method in _TO_ENGINE.items():
+    if hasattr(dist.ProcessGroup, _name):
+        setattr(RingReduceGroup, _name, _method)
 
 
 def create(store: dist.Store, rank: int, size: int,

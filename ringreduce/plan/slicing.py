@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringreduce.config import PLANS
-
-ONE_SLICE, PIPELINED = PLANS
+ONE_SLICE = "one-slice"
+PIPELINED = "pipelined"
+PLANS = (ONE_SLICE, PIPELINED)
+"""Config.plan's values (config.py names them too: it sits below this package)."""
 
 ONE_SLICE_MARGIN = 0.05
 """One slice is chosen unless the pipeline was faster by more than this fraction."""

@@ -46,6 +46,11 @@ class FlightRecorder:
             self._records.append(record)
         return record
 
+    def forget(self) -> None:
+        """Drop the records kept so far (the construction probe's calls: a failure
+        among them is dumped while they run, and afterwards they are not the user's)."""
+        self._records.clear()
+
     def last(self) -> Record | None:
         """The newest kept record (None when none is kept): benchmarks read the route
         a call took from it rather than re-deriving the routing rule."""

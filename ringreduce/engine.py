@@ -134,6 +134,8 @@ class Communicator:
 
     @property
     def op_number(self) -> int:
+        """The number of the latest call; the construction probe's calls
+        (execution/probe.py, CUDA) are numbered first."""
         return self._op_number
 
     def describe(self) -> str:

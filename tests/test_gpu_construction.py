@@ -47,7 +47,8 @@ def _construction_worker(rank: int, world: int) -> None:
     assert isinstance(odd, RingReduceGroup)
     engine = odd.communicator(dev)
     assert engine.config.timeout_s == 30.0 and engine.topology.machines == SMALL[0]
-    assert {r.route for r in engine._res.guard.recorder._records} == {"hierarchical"}
+    routes = {r.route for r in engine._res.guard.recorder._records}
+    assert routes == {"one-slice" if engine._res.plan.one_slice else "hierarchical"}, routes
     torch.cuda.synchronize()
 
 

@@ -9,6 +9,11 @@ would differ by an ulp or so per step. Uneven layer sizes (11, 7 and 3 rows over
 ranks) make FSDP pad, and the 3-row layer leaves some ranks an empty shard.
 
 One process group per topology runs every case (spawning ranks is the slow part).
+
+The same comparison covers FSDP2 on the "ringreduce" torch.distributed backend (no hook:
+its reduce-scatter and all-gather reach the backend's engine), and HSDP's replicate
+all-reduce: native HSDP on a mesh of that backend, and ``apply(model, replicate=...)``
+for a model sharded on ``mesh["shard"]`` alone, against native HSDP on gloo.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from torch import nn
 
 import ringreduce
 from ringreduce.execution import quant
+from ringreduce.integrations.backend import RingReduceGroup
 
 from .multiproc import run_test_ranks
 
@@ -106,7 +112,18 @@ def routes(hooks: list[ringreduce.fsdp.RingReduceScatter]) -> list[tuple[str, st
     """(kind, route) of every call of the communicator the hooks built."""
     comms = list(hooks[0].comms._built.values())
     assert len(comms) == 1 and all(h.comms is hooks[0].comms for h in hooks)
-    return [(r.kind, r.route) for r in comms[0]._res.guard.recorder._records]
+    return flight(comms[0])
+
+
+def flight(comm: ringreduce.Communicator, after: int = 0,
+           fields: tuple[str, ...] = ("kind", "route")) -> list[tuple[str, ...]]:
+    """``fields`` of every flight record of ``comm`` numbered after ``after``; checked to
+    be every call made since (none dropped by the recorder's capacity; a CUDA
+    construction probe's calls leave no records)."""
+    after = max(after, comm._res.probe_calls)
+    records = [r for r in comm._res.guard.recorder._records if r.op_number > after]
+    assert [r.op_number for r in records] == list(range(after + 1, comm.op_number + 1))
+    return [tuple(getattr(r, f) for f in fields) for r in records]
 
 
 def route(world: int, machines: int) -> str:
@@ -174,19 +191,21 @@ def _block_max(row: torch.Tensor, block: int) -> torch.Tensor:
     return padded.view(-1, block).amax(1).repeat_interleave(block)[: row.numel()]
 
 
+def tanh_net(mesh: Any) -> nn.Module:
+    """A model whose gradients are not integers (a quantized wire rounds them)."""
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 33), nn.Tanh(), nn.Linear(33, 3))
+    for layer in (net[0], net[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    return net
+
+
 def _compressed_training(rank: int, mesh: Any, machines: int) -> None:
     """FSDP2 with an int8 rail: after one step (same parameters, so the same local
     gradients) the reduced gradients stay within 1% of the exact ones in norm."""
-    from torch.distributed.fsdp import fully_shard
-    torch.manual_seed(0)
-    nets = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        net = nn.Sequential(nn.Linear(5, 33), nn.Tanh(), nn.Linear(33, 3))
-        for layer in (net[0], net[2]):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(net, mesh=mesh)
-        nets.append(net)
+    nets = [tanh_net(mesh), tanh_net(mesh)]
     hooks = ringreduce.fsdp.apply(nets[1], wire="int8", machines=machines, min_bytes=0,
                                   wire_block=32)
     got, want = (train(net, rank, steps=1) for net in (nets[1], nets[0]))
@@ -221,6 +240,140 @@ def test_fsdp_2x2() -> None:
 def test_fsdp_3x2() -> None:
     """3 machines x 2: the exact cases (AVG divides by 6: one correctly rounded division)."""
     run_test_ranks(worker, 6, 3, ("exact",), timeout=120)
+
+
+CPU = torch.device("cpu")
+BACKEND_ENV = {"RINGREDUCE_MACHINES": "2", "RINGREDUCE_MIN_BYTES": "0"}
+"""Every group of the "ringreduce" backend as 2 machines, every call on the engine's
+hierarchical route: the world 2 x 2, a 2-rank HSDP dimension 2 x 1."""
+
+
+def gathers(reshard: bool) -> int:
+    """All-gathers per step: every layer in forward, and again in backward after
+    resharding in forward."""
+    return LAYERS * (2 if reshard else 1)
+
+
+def hsdp_mesh(backend: str | None = None) -> Any:
+    """2 replicas x 2 shards: (replicate, shard) on ranks [[0, 1], [2, 3]], on the
+    default group's backend or ``backend``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    override = None if backend is None else {"replicate": backend, "shard": backend}
+    return init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"),
+                            backend_override=override)
+
+
+def _backend_worker(rank: int, world: int) -> None:
+    """FSDP2 and native HSDP on the "ringreduce" backend (the default group) against the
+    same on gloo groups: bit-identical, with every reduce-scatter and all-gather (and
+    HSDP's replicate all-reduce) on the backend's engines, hierarchical at 2 x 2."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    ours = init_device_mesh("cpu", (world,))
+    group = ours.get_group()
+    assert isinstance(group, RingReduceGroup) and dist.get_backend(group) == "ringreduce"
+    gloo = DeviceMesh.from_group(dist.new_group(backend="gloo"), "cpu")
+    assert dist.get_backend(gloo.get_group()) == "gloo"
+    engine = group.communicator(CPU)  # built here, collectively, on every rank
+    assert (engine.topology.machines, engine.topology.devices_per_machine) == (2, 2)
+    for reshard, mixed in ((True, False), (False, False), (True, True)):
+        case = f"backend reshard_after_forward={reshard} mixed={mixed}"
+        want = train(sharded(gloo, reshard, mixed), rank)
+        before = engine.op_number
+        got = train(sharded(ours, reshard, mixed), rank)
+        calls = flight(engine, before, ("kind", "route", "dtype"))
+        check_identical(got, want, case)
+        gathered = "torch.bfloat16" if mixed else "torch.float32"
+        assert sorted(calls) == sorted(
+            [("all_gather", "hierarchical", gathered)] * (STEPS * gathers(reshard))
+            + [("reduce_scatter", "hierarchical", "torch.float32")] * (STEPS * LAYERS)), \
+            (case, calls)
+    # Native HSDP: each dimension's group a RingReduceGroup with an engine of its own
+    # (2 x 1: the reduce-scatter and all-gather take the flat route, NCCL's or gloo's
+    # own, and the replicate all-reduce the hierarchical one); FSDP's replicate
+    # all-reduce is a dist.all_reduce, AVG, on the replicate group: that engine's.
+    reference = hsdp_mesh("gloo")
+    assert {dist.get_backend(reference.get_group(d)) for d in ("replicate", "shard")} == \
+        {"gloo"}
+    want = train(sharded(reference, True, False), rank)
+    mesh = hsdp_mesh()
+    replicate, shard = mesh.get_group("replicate"), mesh.get_group("shard")
+    assert isinstance(replicate, RingReduceGroup) and isinstance(shard, RingReduceGroup)
+    world_calls = engine.op_number
+    got = train(sharded(mesh, True, False), rank)
+    assert engine.op_number == world_calls  # the world's engine took none of them
+    assert flight(replicate.communicator(CPU), 0, ("kind", "route", "op")) == \
+        [("all_reduce", "hierarchical", "avg")] * (STEPS * LAYERS)
+    assert sorted(flight(shard.communicator(CPU), 0, ("kind", "route", "op"))) == sorted(
+        [("all_gather", "flat", "-")] * (STEPS * gathers(True))
+        + [("reduce_scatter", "flat", "avg")] * (STEPS * LAYERS))
+    check_identical(got, want, "native HSDP on the backend")
+
+
+def test_fsdp_on_the_backend_uses_the_engine() -> None:
+    run_test_ranks(_backend_worker, 4, backend="ringreduce", env=BACKEND_ENV, timeout=120)
+
+
+def fsdp_modules(net: nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+    return [m for m in net.modules() if isinstance(m, FSDPModule)]
+
+
+def _replicate_worker(rank: int, world: int) -> None:
+    """Custom HSDP (FSDP on mesh["shard"], ``apply(model, replicate=...)``) against native
+    HSDP (the 2-D mesh), both on gloo; the replicate communicator 2 x 1, so its
+    all-reduce takes ringreduce's hierarchical route."""
+    mesh = hsdp_mesh()
+    replicate = mesh.get_group("replicate")
+    # Exact: bit-identical, AVG; and SUM under set_gradient_divide_factor (2, the shard
+    # group's size: FSDP then reduce-scatters with AVG, which gloo has, not PREMUL_SUM;
+    # the gradients are twice the average, so an AVG would not match).
+    for factor in (None, 2.0):
+        case = f"custom HSDP, gradient divide factor {factor}"
+        native = sharded(mesh, True, False)
+        net = sharded(mesh["shard"], True, False)
+        hooks = ringreduce.fsdp.apply(net, replicate=replicate, machines=2, min_bytes=0)
+        assert len(hooks) == LAYERS + 1
+        if factor is not None:  # after apply: the hook reads it per call
+            for m in fsdp_modules(native) + fsdp_modules(net):
+                m.set_gradient_divide_factor(factor)
+        want = train(native, rank)
+        got = train(net, rank)
+        check_identical(got, want, case)
+        comm = hooks[0].comms.replicate
+        assert comm is not None and comm.topology.world_size == 2
+        assert all(h.replicate is not None and h.replicate.comm is comm for h in hooks)
+        op = "avg" if factor is None else "sum"
+        assert flight(comm, 0, ("kind", "route", "op")) == \
+            [("all_reduce", "hierarchical", op)] * (STEPS * LAYERS), case
+        assert routes(hooks) == [("reduce_scatter", "flat")] * (STEPS * LAYERS), case
+        hooks[0].comms.close()
+        assert comm._closed  # built by apply: closed with the hooks' communicators
+    # int8 on the replicate rail (a Communicator of the user's, 2 x 1; the shard group
+    # one machine, so its reduce-scatter stays exact): within 1% of native HSDP after a
+    # step, and one gradient on both replicas.
+    rep = ringreduce.Communicator(replicate, machines=2, min_bytes=0, wire_block=32)
+    net = tanh_net(mesh["shard"])
+    hooks = ringreduce.fsdp.apply(net, wire="int8", replicate=rep, machines=1, min_bytes=0)
+    got, want = train(net, rank, steps=1), train(tanh_net(mesh), rank, steps=1)
+    for (_, g), (_, w) in zip(got, want, strict=True):
+        assert (g - w).norm() <= 0.01 * w.norm() + 1e-6, ((g - w).norm(), w.norm())
+        pair = [torch.empty_like(g) for _ in range(2)]
+        dist.all_gather(pair, g, group=replicate)
+        assert torch.equal(pair[0], pair[1]), "the replicas' gradients differ"
+    assert not all(torch.equal(g, w) for (_, g), (_, w) in zip(got, want, strict=True)), \
+        "int8: nothing was rounded, so nothing was tested"
+    assert flight(rep) == [("all_reduce", "compressed int8")] * 2  # 2 layers, one step
+    assert routes(hooks) == [("reduce_scatter", "flat")] * 2
+    hooks[0].comms.close()
+    assert not rep._closed  # the user's
+    rep.close()
+    # A model on the 2-D mesh: FSDP all-reduces across replicas itself.
+    with pytest.raises(ValueError, match="2-D mesh"):
+        ringreduce.fsdp.apply(sharded(mesh, True, False), replicate=replicate)
+
+
+def test_hsdp_replicate_all_reduce_through_ringreduce() -> None:
+    run_test_ranks(_replicate_worker, 4, timeout=120)
 
 
 def test_apply_refuses_a_model_without_fsdp_modules() -> None:

@@ -72,12 +72,11 @@ _ENV = {
     "wave_groups": "RINGREDUCE_WAVE_GROUPS",
     "pair_comms": "RINGREDUCE_PAIR_COMMS",
     "diffuse_gather": "RINGREDUCE_DIFFUSE_GATHER",
-    "issue_probes": "RINGREDUCE_ISSUE_PROBES",
     "plan": "RINGREDUCE_PLAN",
 }
 
 #: Who issues a CUDA call's hierarchical work (Config.issuer).
-ISSUERS = ("native", "native-async", "python")
+ISSUERS = ("native", "python")
 #: Over which communicators the end-of-call check travels (Config.call_check_comms).
 CALL_CHECK_COMMS = ("stages", "world")
 
@@ -230,29 +229,16 @@ class Config:
     also watches calls being issued."""
 
     issuer: str | None = None
-    """CUDA only: who issues a call's hierarchical work (``RINGREDUCE_ISSUER``).
-    ``"python"``: the pipeline, from Python on the caller's thread. ``"native"``: the
-    same calls recorded once per plan key and replayed from C++ on the caller's thread
-    without the GIL (ringreduce/execution/native.py, native/issuer.cpp). ``"native-async"``
-    (opt-in): replayed by a C++ worker thread; an asynchronous call returns without
-    waiting for it, nor for earlier calls on the same tensor (2 x 2, H100 under MPS,
-    25 MiB: 1.4x the host time of NCCL's own asynchronous call back to back; yet DDP's
-    transformer trained at 1.16x NCCL with it against 1.37x with native). The native
-    issuers of a process issue in one order, that of the calls, and never wait for the
-    GIL while holding the issuer's lock (either would deadlock). Not the default: while
-    calls are queued, NCCL work the caller's thread issues itself (torch's ``dist``
-    calls) may hang, as NCCL warns of two threads issuing on one device. DDP's hook
-    keeps that rule: its last bucket of a backward returns once the worker issued
-    everything, before DDP's own NCCL work (with find_unused_parameters it comes right
-    after); NCCL work issued *during* the backward (SyncBatchNorm, tensor-parallel
-    layers) does not keep it.
-    ``None``: native where it can run (the
-    extension is built, communicators are blocking (``nccl_blocking``), cupy imports),
-    else python, with the reason logged once; an explicit native that cannot run is
-    an error. Captures
-    (the caller's and ringreduce's own graphs), the flat route and the block
-    collectives are always issued from Python. ``python -m ringreduce.info`` says which
-    issuer a CUDA call would use and why."""
+    """CUDA only: who issues a pipelined call's work (``RINGREDUCE_ISSUER``).
+    ``"python"``: the pipeline's step loop, from Python on the caller's thread.
+    ``"native"``: the same calls recorded once per kind of call and replayed from C++
+    on the caller's thread without the GIL (ringreduce/execution/native.py,
+    native/issuer.cpp): 0.3-0.5 ms of host time per 25 MiB call against 1.3-2.3 ms
+    from Python (results 2026-11-26-h100x2-plan-probe). ``None``: native where it can
+    run (the extension is built, cupy imports), else python, with the reason logged
+    once; an explicit native that cannot run is an error. The one-slice plan, the flat
+    route, captures and the block collectives are issued from Python.
+    ``python -m ringreduce.info`` says which issuer a CUDA call would use and why."""
 
     wave_groups: bool = True
     """CUDA: issue each pipeline wave's NCCL operations (up to four stages of four
@@ -282,13 +268,6 @@ class Config:
     2 x 2 (one collective costs about what a send and a receive cost), DDP unchanged.
     With a wire format the rows travel through the staging slot, which has no row of
     this machine's own, so diffuse sends and receives."""
-
-    issue_probes: int = 0
-    """CUDA, native issuers: a hang's diagnosis (``RINGREDUCE_ISSUE_PROBES``): record an
-    event after each of a call's first N instructions, on the stream the instruction
-    enqueued on, for the last 256 calls; a deadline error then names, per stream, the
-    first instruction the device has not passed. 0 (the default): off. It costs about
-    a microsecond of host time per instruction; a 25 MiB call at 2 x 2 has ~200."""
 
     plan: str | None = None
     """How a hierarchical all-reduce is issued (``RINGREDUCE_PLAN``; plan/slicing.py):
@@ -321,7 +300,7 @@ class Config:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be a positive int or None")
-        for name in ("staging_bytes", "min_bytes", "graphs", "issue_probes"):
+        for name in ("staging_bytes", "min_bytes", "graphs"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be a non-negative int")

@@ -209,7 +209,7 @@ class Communicator:
                 self._issuer.wait_cpu()
             self._feedback.reset(key)
 
-    def _hook_all_reduce(self, t: torch.Tensor, last: bool,
+    def _hook_all_reduce(self, t: torch.Tensor,
                          bucket: int | None = None) -> torch.futures.Future[torch.Tensor]:
         """DDP's hook (integrations/hook.py): an asynchronous average of a bucket.
 
@@ -218,12 +218,6 @@ class Communicator:
         gradients overflows (inf) where their average does not, and every route sums
         in the bucket's dtype somewhere (the flat all-reduce, the intra-machine
         reduce-scatter). Other dtypes take AVG: the exact sum, divided once.
-
-        After the backward's ``last`` bucket it returns only once every call queued for
-        a native-async worker was issued: DDP may issue NCCL work of its own next (with
-        find_unused_parameters, the unused-parameter map's all-reduce, right after the
-        last hook), and NCCL work of two threads on one device must keep one order on
-        every rank.
 
         ``bucket``: DDP's bucket index; with an 8- or 4-bit wire and
         ``Config.hook_feedback`` the bucket keeps error feedback under it (a bucket whose
@@ -241,8 +235,6 @@ class Communicator:
         else:
             fut = self.all_reduce(t, dist.ReduceOp.AVG, async_op=True, feedback=feedback)
         assert fut is not None
-        if last and self._res.native is not None and not self._res.native.inline:
-            self._res.native.drain()
         return fut
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor,

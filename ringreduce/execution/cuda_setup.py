@@ -167,13 +167,11 @@ def _build_native(res: Resources, config: Config) -> None:
     if not why:
         wire = getattr(torch, config.wire_dtype) if config.wire_dtype else None
         try:
-            res.native = native.NativeIssuer(res, wire,
-                                             inline=config.issuer != "native-async",
-                                             probes=config.issue_probes)
+            res.native = native.NativeIssuer(res, wire)
             return
         except (RingReduceError, RuntimeError) as exc:
             why = str(exc)
-    if config.issuer in ("native", "native-async"):
+    if config.issuer == "native":
         raise RingReduceError(f"issuer={config.issuer!r} (RINGREDUCE_ISSUER) cannot run: {why}")
     if res.topo.rank == 0:
         log.info("ringreduce: CUDA calls are issued from Python: %s", why)

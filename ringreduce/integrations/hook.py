@@ -15,8 +15,7 @@ def ddp_hook(state: Communicator, bucket: dist.GradBucket) -> torch.futures.Futu
     The bucket is reduced in place and the Future holds ``bucket.buffer()``. On CUDA
     the Future is completed on a stream that follows the call, so the reducer's
     ``wait()`` only makes its stream wait; the autograd thread never blocks on the
-    device. With ``RINGREDUCE_ISSUER=native-async`` the backward's last bucket returns
-    once the worker issued every queued call, so DDP's own NCCL work comes after.
+    device.
 
     16-bit gradients (float16, bfloat16) are divided by the world size first, in their
     own precision, then summed, as plain DDP and torch's hook do, so gradients whose
@@ -28,4 +27,4 @@ def ddp_hook(state: Communicator, bucket: dist.GradBucket) -> torch.futures.Futu
     With an 8- or 4-bit wire (``Communicator(wire="int8")``) each bucket keeps error
     feedback, keyed by its index (``Config.hook_feedback``; ``comm.reset_feedback()``).
     """
-    return state._hook_all_reduce(bucket.buffer(), bucket.is_last(), bucket.index())
+    return state._hook_all_reduce(bucket.buffer(), bucket.index())

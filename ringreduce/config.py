@@ -59,26 +59,20 @@ _ENV = {
     "debug": "RINGREDUCE_DEBUG",
     "check_new_calls": "RINGREDUCE_CHECK_NEW_CALLS",
     "check_call_end": "RINGREDUCE_CHECK_CALL_END",
-    "call_check_comms": "RINGREDUCE_CALL_CHECK_COMMS",
     "flight_records": "RINGREDUCE_FLIGHT_RECORDS",
     "flight_file": "RINGREDUCE_FLIGHT_FILE",
     "wire_dtype": "RINGREDUCE_WIRE_DTYPE",
     "wire": "RINGREDUCE_WIRE",
     "wire_block": "RINGREDUCE_WIRE_BLOCK",
     "hook_feedback": "RINGREDUCE_HOOK_FEEDBACK",
-    "graphs": "RINGREDUCE_GRAPHS",
     "nccl_blocking": "RINGREDUCE_NCCL_BLOCKING",
     "issuer": "RINGREDUCE_ISSUER",
-    "wave_groups": "RINGREDUCE_WAVE_GROUPS",
-    "pair_comms": "RINGREDUCE_PAIR_COMMS",
     "diffuse_gather": "RINGREDUCE_DIFFUSE_GATHER",
     "plan": "RINGREDUCE_PLAN",
 }
 
 #: Who issues a CUDA call's hierarchical work (Config.issuer).
 ISSUERS = ("native", "python")
-#: Over which communicators the end-of-call check travels (Config.call_check_comms).
-CALL_CHECK_COMMS = ("stages", "world")
 
 #: 16-bit formats float32 tensors may take on the network hop (collect, diffuse).
 WIRE_DTYPES = ("bfloat16", "float16")
@@ -157,18 +151,8 @@ class Config:
     0 turns it off; safety/signature.py). It catches what the store checks leave:
     ranks that swap calls each has made before. No rank can finish a call before every
     rank reached its end, and ranks that reach it with different calls fail there,
-    naming both. CUDA (with cupy) and the CPU path; ``call_check_comms`` says over
+    naming both. CUDA (with cupy) and the CPU path; execution/call_check.py says over
     which communicators."""
-
-    call_check_comms: str = "stages"
-    """CUDA: what the end-of-call check's all-reduce travels on
-    (``RINGREDUCE_CALL_CHECK_COMMS``). ``stages``: inside the machine on the
-    all_gather communicator, within the call's last group, then along the rail in one
-    more group of its own; ``world``: one all-reduce over the world communicator in the
-    last group, kept to measure both in one run: on the H100 under MPS (2 x 2
-    loopback, 25 MiB) it kept one more core busy per rank (3.99 against 3.00, CPU per
-    call 57 against 42 ms; NCCL 2.00 and 33): the world communicator's proxy thread,
-    idle otherwise, then polls on every call."""
 
     flight_records: int = 64
     """Operations kept by the flight recorder (``RINGREDUCE_FLIGHT_RECORDS``); they
@@ -207,16 +191,6 @@ class Config:
     is added to the same bucket next step (compressed.py, about numel/D fp32 values per
     rank and bucket)."""
 
-    graphs: int = 0
-    """CUDA only: keep up to this many repeated hierarchical all-reduces as CUDA graphs
-    and replay them (``RINGREDUCE_GRAPHS``; 0, the default, never captures). A call is
-    captured the second time the same tensor (address, size, dtype, op) comes back, as
-    DDP's buckets do every step; graphs.py says why that is safe. Measured (2 x 1 on one
-    H200, 20 Gbit/s cap): host time per 25 MiB call about 1200 us -> 123-181 us, 16
-    back-to-back buckets 1.27x NCCL (1.24x eager), DLRM-style DDP 0.99x (hook). Opt-in:
-    in a stream of back-to-back calls on the same tensors the host waited for the device
-    with replay (graphs.py says when), which eager calls never do."""
-
     nccl_blocking: bool = True
     """CUDA only: the communicators that carry traffic are blocking NCCL communicators
     (``RINGREDUCE_NCCL_BLOCKING``; 0 makes them non-blocking too). Either way they are
@@ -239,24 +213,6 @@ class Config:
     once; an explicit native that cannot run is an error. The one-slice plan, the flat
     route, captures and the block collectives are issued from Python.
     ``python -m ringreduce.info`` says which issuer a CUDA call would use and why."""
-
-    wave_groups: bool = True
-    """CUDA: issue each pipeline wave's NCCL operations (up to four stages of four
-    slices, plan/schedule.waves) as one NCCL group (``RINGREDUCE_WAVE_GROUPS``). False:
-    one group per stage and slice, slice after slice, as before; kept so that both can
-    be measured in one run. A 25 MiB call at 2 x 2 has 11 waves against 28 stage groups."""
-
-    pair_comms: bool = True
-    """CUDA, with ``wave_groups``: reduce_scatter and all_gather share one NCCL
-    communicator, collect and diffuse another (``RINGREDUCE_PAIR_COMMS``; 0: one per
-    stage). A wave holds at most one step of each stage, so its group launches one
-    kernel per pair instead of one per stage, and half the communicators means half
-    the proxy threads. Measured (H100 under MPS, 2 x 2 loopback, 25 MiB, same
-    processes): CPU per call 43 ms against 69, busy cores 3.0 against 3.8, back-to-back
-    wall 14.4 ms against 18.0; the caller's host time did not move (675 us against 677:
-    it is per NCCL operation, not per kernel launched). Without wave groups the two
-    stages of a pair would serialise on their shared communicator, so each keeps its
-    own."""
 
     diffuse_gather: bool = True
     """Without a wire format, diffuse is one in-place all-gather on the rail
@@ -291,16 +247,13 @@ class Config:
         if self.plan is not None and self.plan not in PLANS:
             raise ValueError(f"plan={self.plan!r} is not supported; use one of "
                              f"{PLANS} or None (chosen by a probe)")
-        if self.call_check_comms not in CALL_CHECK_COMMS:
-            raise ValueError(f"call_check_comms={self.call_check_comms!r} is not supported; "
-                             f"use one of {CALL_CHECK_COMMS}")
         if self.flight_records < 0:
             raise ValueError(f"flight_records={self.flight_records!r} must be >= 0")
         for name in ("machines", "slice_bytes", "rail_channels"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be a positive int or None")
-        for name in ("staging_bytes", "min_bytes", "graphs"):
+        for name in ("staging_bytes", "min_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be a non-negative int")
@@ -342,12 +295,6 @@ class Config:
                 values.pop(other, None)  # an explicit format wins over the other spelling's
         values.update(given)
         return dataclasses.replace(cls(), **values)  # type: ignore[arg-type]  # checked by __post_init__
-
-    @property
-    def paired_comms(self) -> bool:
-        """Whether a pair of stages shares one communicator: ``pair_comms``, which only
-        wave groups allow (without them the pair would serialise on it)."""
-        return self.wave_groups and self.pair_comms
 
     def resolved_slice_bytes(self, devices: int, machines: int) -> int:
         """The largest slice in use for a (machines x devices) topology."""

@@ -45,14 +45,14 @@ class Communicator:
     Calls from several threads are serialised; every rank must make them in the same
     order, as for any collective. See Config for ``machines``, ``slice_bytes``, ``staging_bytes``,
     ``min_bytes``, ``wire`` (``wire_dtype``: its older spelling, a torch dtype),
-    ``wire_block``, ``plan``, ``timeout_s``, ``debug``, ``hook_feedback`` and ``graphs``;
-    explicit arguments win over ``RINGREDUCE_*`` variables.
+    ``wire_block``, ``plan``, ``timeout_s``, ``debug`` and ``hook_feedback``; explicit
+    arguments win over ``RINGREDUCE_*`` variables.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, machines: int | None = None,
                  slice_bytes: int | None = None, staging_bytes: int | None = None,
                  min_bytes: int | None = None, wire_dtype: torch.dtype | None = None,
-                 graphs: int | None = None, wire: str | None = None,
+                 wire: str | None = None,
                  wire_block: int | None = None, plan: str | None = None,
                  timeout_s: float | None = None, debug: bool | None = None,
                  hook_feedback: bool | None = None) -> None:
@@ -66,7 +66,7 @@ class Communicator:
         try:
             config = Config.from_env(machines=machines, slice_bytes=slice_bytes,
                                      staging_bytes=staging_bytes, min_bytes=min_bytes,
-                                     wire_dtype=_wire_name(wire_dtype), graphs=graphs,
+                                     wire_dtype=_wire_name(wire_dtype),
                                      wire=wire, wire_block=wire_block, plan=plan,
                                      timeout_s=timeout_s, debug=debug,
                                      hook_feedback=hook_feedback)
@@ -141,9 +141,8 @@ class Communicator:
     def describe(self) -> str:
         """The effective configuration, one line (logged once on rank 0)."""
         t, r, c = self._res.topo, self._res, self.config
-        cuda = {"graphs": c.graphs, "nccl_blocking": int(c.nccl_blocking),
-                "wave_groups": int(c.wave_groups),
-                "pair_comms": int(c.paired_comms)}
+        cuda = {"nccl_blocking": int(c.nccl_blocking),
+}
         per_device = ", ".join(f"{k}={v if r.is_cuda else 'n/a (cpu)'}" for k, v in cuda.items())
         return (f"{t.machines} machines x {t.devices_per_machine} devices, "
                 f"{'cuda (nccl ' + str(r.nccl_version) + ')' if r.is_cuda else 'cpu (gloo)'}, "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import itertools
 import os
 from collections.abc import Callable
 
@@ -230,11 +229,10 @@ def test_gpu_wire_format_is_exact_on_small_integers_and_identical() -> None:
                    backend="nccl", env=_env(*SMALL))
 
 
-def _no_sync_worker(rank: int, world: int, graphs: int) -> None:
-    """With graphs, the same tensor is captured at its second call and replayed after:
-    neither may synchronise either."""
+def _no_sync_worker(rank: int, world: int) -> None:
+    """Synchronous and asynchronous calls on the plan the probe chose."""
     dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(min_bytes=0, graphs=graphs) as comm:
+    with ringreduce.Communicator(min_bytes=0) as comm:
         t = rank_input(rank, 3_000_001, torch.float32, dev)
         comm.all_reduce(t)  # warm up: the first call may allocate
         torch.cuda.synchronize()
@@ -248,31 +246,10 @@ def _no_sync_worker(rank: int, world: int, graphs: int) -> None:
         assert fut is not None
         fut.wait()
         torch.cuda.synchronize()
-        assert graphs == 0 or comm._res.graphs.captures == 1
 
 
 def test_gpu_all_reduce_never_syncs_the_host() -> None:
-    """The slow path, then with graphs."""
-    run_test_ranks(_each(_no_sync_worker, (0, 8)), SMALL[0] * SMALL[1], backend="nccl",
-                   env=_env(*SMALL))
-
-
-def _ddp_worker(rank: int, world: int, graphs: int) -> None:
-    dev = torch.device("cuda", torch.cuda.current_device())
-    reference = train(DDP(model().to(dev), bucket_cap_mb=0.01), rank, 6, dev)
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096, graphs=graphs,
-                                plan="pipelined") as comm:
-        hooked = DDP(model().to(dev), bucket_cap_mb=0.01)
-        hooked.register_comm_hook(comm, ringreduce.ddp_hook)
-        got = train(hooked, rank, 6, dev)
-        for a, b in zip(got, reference, strict=False):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_gpu_ddp_hook_with_graphs_matches_plain_ddp() -> None:
-    """DDP's buckets (the same tensors every step) are replayed; the slow path is in
-    the backend test, at every topology."""
-    run_test_ranks(_ddp_worker, SMALL[0] * SMALL[1], 8, backend="nccl", env=_env(*SMALL))
+    run_test_ranks(_no_sync_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL))
 
 
 def _graph_worker(rank: int, world: int) -> None:
@@ -316,88 +293,11 @@ def test_gpu_close_with_a_live_graph_raises_instead_of_hanging() -> None:
                    timeout=120)
 
 
-def _replay_worker(rank: int, world: int) -> None:
-    """ringreduce's own graphs: the same tensors come back every step (as DDP's buckets
-    do), so from their second call on they are captured and replayed; calls on fresh
-    tensors, from a second stream, go the slow way in between. Every result exact."""
-    dev = torch.device("cuda", torch.cuda.current_device())
-    side = torch.cuda.Stream()
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=1 << 20, graphs=8,
-                                plan="pipelined") as comm:
-        buckets = {torch.float32: torch.empty(3_000_017, device=dev),
-                   torch.bfloat16: torch.empty(1_000_003, dtype=torch.bfloat16, device=dev)}
-        kept = []
-        for step in range(5):
-            for (dtype, t), op in itertools.product(buckets.items(), (dist.ReduceOp.SUM,
-                                                                       dist.ReduceOp.AVG)):
-                t.copy_(rank_input(rank, t.numel(), dtype, dev, step))
-                fut = comm.all_reduce(t, op=op, async_op=step % 2 == 1)
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):  # a fresh tensor, another stream: slow path
-                    other = rank_input(rank, 700_001, torch.float32, dev, step)
-                    comm.all_reduce(other)
-                    kept.append(other)  # alive, so no later tensor reuses its address
-                if fut is not None:
-                    fut.wait()
-                torch.cuda.current_stream().wait_stream(side)
-                check_equal(t, expected(world, t.numel(), dtype, op, dev, step),
-                            f"step {step}, {dtype}, {op}")
-                check_equal(other, expected(world, other.numel(), torch.float32,
-                                            dist.ReduceOp.SUM, dev, step), f"other, step {step}")
-        graphs = comm._res.graphs
-        assert graphs is not None and graphs.captures == 4 and len(graphs) == 4
-
-
-def _graphs_worker(rank: int, world: int) -> None:
-    _graph_worker(rank, world)
-    _replay_worker(rank, world)
-
-
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
-def test_gpu_cuda_graphs_capture_and_replay_exactly(machines: int, devices: int) -> None:
-    """The caller's own capture, and ringreduce's captures of repeated calls."""
-    run_test_ranks(_graphs_worker, machines * devices, backend="nccl", env=_env(machines, devices),
+def test_gpu_callers_cuda_graph_captures_exactly(machines: int, devices: int) -> None:
+    """The caller's own capture of ringreduce's calls, replayed."""
+    run_test_ranks(_graph_worker, machines * devices, backend="nccl", env=_env(machines, devices),
                    timeout=300)
-
-
-def _back_to_back_worker(rank: int, world: int, wire: str) -> None:
-    """DDP's pattern with replay on: the same buckets every step, issued back to back
-    (async, waited at the end; sync on some steps), so each replay starts while the
-    previous one still runs, ordered only by the external slot and stage-tail events
-    of the graphs (streams.CudaStreams). Different sizes bake different staging
-    slots into each graph, and 1 MiB slices give each call several. Every result exact."""
-    dev = torch.device("cuda", torch.cuda.current_device())
-    wire_dtype = getattr(torch, wire) if wire != "none" else None
-    ops = (dist.ReduceOp.SUM, dist.ReduceOp.AVG) if wire_dtype is None else (dist.ReduceOp.SUM,)
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=1 << 20, graphs=16,
-                                 wire_dtype=wire_dtype, plan="pipelined") as comm:
-        buckets = [torch.empty(n, dtype=dt, device=dev) for n, dt in
-                   ((3_000_017, torch.float32), (1_000_003, torch.bfloat16),
-                    (2_500_000, torch.float32), (777_777, torch.float32))]
-        steps = 7
-        for step in range(steps):
-            op = ops[step % len(ops)]
-            futures = []
-            for i, t in enumerate(buckets):
-                t.copy_(rank_input(rank, t.numel(), t.dtype, dev, step * 10 + i))
-                futures.append(comm.all_reduce(t, op=op, async_op=step % 3 != 2))
-            for fut in futures:
-                if fut is not None:
-                    fut.wait()
-            for i, t in enumerate(buckets):
-                check_equal(t, expected(world, t.numel(), t.dtype, op, dev, step * 10 + i),
-                            f"step {step}, bucket {i}, {op}")
-        graphs = comm._res.graphs
-        assert graphs is not None and graphs.captures == len(buckets) * len(ops)
-        routes = [r.route for r in comm._res.guard.recorder._records]
-        assert routes.count("hierarchical (graph)") >= len(buckets) * (steps - 2 * len(ops))
-
-
-def test_gpu_back_to_back_replays_overlap_exactly() -> None:
-    """Without a wire format, then with bfloat16."""
-    run_test_ranks(_each(_back_to_back_worker, ("none", "bfloat16")), SMALL[0] * SMALL[1],
-                   backend="nccl",
-                   env=_env(*SMALL), timeout=240)
 
 
 def _backend_worker(rank: int, world: int, machines: int) -> None:

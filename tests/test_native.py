@@ -399,8 +399,7 @@ def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
     topo, buffers, real, slots = _communicator_parts(rank, machines, devices)
     t = torch.arange(numel, dtype=torch.float32)
     reader = "add" if wire is None else "diffuse"
-    plans, waves = schedule.plan_waves(numel, 4, devices, machines, SLICE, slots, reader,
-                                       True)
+    plans, waves = schedule.plan_waves(numel, 4, devices, machines, SLICE, slots, reader)
     stages = schedule.active_stages(devices)
     rec = recording.Recorder(t.data_ptr(), numel * 4, stages)
     if real_kernels:

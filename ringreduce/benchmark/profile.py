@@ -17,9 +17,8 @@ from .measure import Bench, inputs
 def host_profile(b: Bench, size: int) -> None:
     """Host time of one call when nothing else is queued (so no NCCL
     back-pressure is counted), median of 20 after 3 warm-up calls, three ways: the
-    same tensor again and again (ringreduce replays it as a CUDA graph, graphs.py),
-    a new tensor every call (the slow path: every call is issued from Python), and
-    NCCL's own all-reduce. Then where one slow-path call's time goes (cProfile)."""
+    same tensor again and again, a new tensor every call, and NCCL's own all-reduce.
+    Then where one call's time goes (cProfile)."""
     n = size // b.dtype.itemsize
     same = inputs(n, b.launch.rank, b)
     fresh = [inputs(n, b.launch.rank, b) for _ in range(23)]  # 23 addresses: seen once
@@ -29,8 +28,6 @@ def host_profile(b: Bench, size: int) -> None:
     medians = {name: _host_samples(b, call) for name, call in ways.items()}
     profiles = {"new tensor": _profiled(b, [inputs(n, b.launch.rank, b)
                                             for _ in range(_PROFILED)])}
-    if b.comm.config.graphs:  # ``same`` is captured by now: its calls are replays
-        profiles["same tensor"] = _profiled(b, [same] * _PROFILED)
     if b.launch.rank == 0:
         for name, (median, low) in medians.items():
             print(f"# host time per call, {size} bytes, idle pipeline, {name}: median "

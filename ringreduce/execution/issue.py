@@ -2,8 +2,8 @@
 
 Owns everything between a Communicator's checks and the work itself. On CUDA: the
 issue lock and the watchdog's view of a call being issued, the choice between the
-native issuer (native.py), a CUDA-graph replay (graphs.py), the caller's own capture
-and issuing from Python (pipeline.py's step loop or a flat all-reduce), the CUDA-aware
+native issuer (native.py), the caller's own capture and issuing from Python
+(pipeline.py's step loop, one_slice.py or a flat all-reduce), the CUDA-aware
 Futures, and the events the watchdog waits on. On the CPU: the one worker thread that
 runs calls in order, and Futures over its jobs. engine.py keeps the public surface
 (checks, routing names, numbering, the flight record) and hands each call here.
@@ -102,12 +102,12 @@ class Issuer:
 
     def all_reduce(self, t: torch.Tensor, op: str, async_op: bool,
                    record: Record) -> tuple[Any, Ends]:
-        """One all_reduce on CUDA: the native issuer when it takes the call, else the
-        caller's capture, a graph replay, or the Python issuer, in that order."""
+        """One all_reduce on CUDA: the native issuer when it takes the call (a pipelined
+        call outside a capture), else from Python (in the caller's capture if any)."""
         capturing = torch.cuda.is_current_stream_capturing()
         native = self.res.native
-        if native is not None:  # native.py; captures and graphs stay on this thread
-            program = None if capturing or self.res.graphs is not None or not t.numel() \
+        if native is not None:  # native.py; captures stay on this thread
+            program = None if capturing or not t.numel() \
                 or self.route_flat(t) or self.one_slice(t) \
                 else native.program(t, op, lambda: self.ctx(record))
             if program is not None:
@@ -123,9 +123,6 @@ class Issuer:
             self.res.user_captures += 1  # closing waits for it (cuda_setup.finalize)
             with self.res.sync.capturing():
                 return self._issue_now(t, op, async_op, record)
-        graph = self._graph_for(t, op, record)
-        if graph is not None:
-            return self._replay(graph, t, async_op, record)
         return self._issue_now(t, op, async_op, record)
 
     def inline(self, run: Callable[[CallContext, int], None], record: Record,
@@ -138,9 +135,7 @@ class Issuer:
         if not torch.cuda.is_current_stream_capturing():
             self.after_pending(result, *reads)
         if result.numel():
-            caller = self.res.sync.caller()
-            self.res.sync.join_replay(caller)  # a replay may still use the communicators
-            run(self.ctx(record), caller.cuda_stream)
+            run(self.ctx(record), self.res.sync.caller().cuda_stream)
         ends: Ends = [(record.kind, CALLER)]
         if not async_op:
             return None, ends
@@ -169,7 +164,7 @@ class Issuer:
         plans, waves = schedule.plan_waves(
             t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
             res.call_slice_bytes(t.numel() * t.element_size()), res.staging_slots,
-            "add" if ctx.wire is None else "diffuse", res.wave_groups)
+            "add" if ctx.wire is None else "diffuse")
         run_waves(waves, t.view(-1), plans, op, ctx)
         return schedule.active_stages(topo.devices_per_machine)[-1]
 
@@ -206,38 +201,6 @@ class Issuer:
             self._pend(t, last)
         sync.adopt(t, (*schedule.STAGES, FLAT))
         with sync.on(last):  # the Future records an event on the last stage's stream
-            fut.set_result(t)
-        return fut, ends
-
-    def _graph_for(self, t: torch.Tensor, op: str, record: Record) -> Any:
-        """The captured graph of this call (graphs.py), capturing it the second time
-        the same tensor comes back; None: issue it the slow way."""
-        graphs = self.res.graphs
-        if graphs is None or t.numel() == 0 or self.route_flat(t):
-            return None
-        key = (t.data_ptr(), t.numel(), t.dtype, op)
-        graph = graphs.get(key)
-        if graph is None and graphs.seen_before(key):
-            def issue() -> None:
-                with self.res.sync.capturing(external=True):
-                    if self.execute(t, op, record):
-                        self.res.sync.leave()  # joins every stage stream into the capture
-            graph = graphs.capture(key, issue)
-        return graph
-
-    def _replay(self, graph: Any, t: torch.Tensor, async_op: bool,
-                record: Record) -> tuple[Any, Ends]:
-        record.route = "hierarchical (graph)"
-        sync = self.res.sync
-        stream = sync.replay(graph)
-        ends: Ends = [("replay", stream)]
-        if not async_op:
-            sync.leave()  # the caller's stream waits for the replay's end (done)
-            return None, ends
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
-        self._pend(t, stream)
-        sync.adopt(t, (stream,))
-        with sync.on(stream):  # the Future records an event on the replay stream
             fut.set_result(t)
         return fut, ends
 

@@ -187,7 +187,7 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
     plans, waves = schedule.plan_waves(
         t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
         res.call_slice_bytes(t.numel() * t.element_size()), res.staging_slots,
-        "add" if ctx.wire is None else "diffuse", res.wave_groups)
+        "add" if ctx.wire is None else "diffuse")
     rec = Recorder(t.data_ptr(), t.numel() * t.element_size(), stages)
     kernels = copy.copy(res.kernels)
     kernels.emit = rec

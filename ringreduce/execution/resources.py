@@ -24,7 +24,6 @@ from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import cuda_setup, probe
 from ringreduce.execution.call_check import HostCallCheck
-from ringreduce.execution.graphs import GraphCache
 from ringreduce.execution.pipeline import Buffers
 from ringreduce.execution.streams import HostOrder
 from ringreduce.execution.transport import GlooTransport
@@ -65,14 +64,10 @@ class Resources:
     """Held while a call makes NCCL calls: NCCL forbids aborting a communicator while
     another thread is inside an NCCL call on it."""
     aborted: bool = False
-    graphs: GraphCache | None = None
-    """Calls kept as CUDA graphs (graphs.py); None on the CPU or with graphs=0."""
     user_captures: int = 0
     """Calls issued while the caller was capturing a CUDA graph of its own."""
     divisors: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
     """World size as a 0-dim tensor per float dtype, made once: AVG divides by it."""
-    wave_groups: bool = True
-    """Config.wave_groups: one NCCL group per pipeline wave."""
     smallest_slice_bytes: int = 0
     """Config.smallest_slice_bytes: a small call's slices (call_slice_bytes); 0: every
     call's are ``slice_bytes``."""
@@ -136,8 +131,6 @@ class Resources:
     def release(self) -> None:
         """Teardown (close): after a failure nothing is left to destroy (aborted);
         otherwise let issued work finish, then destroy."""
-        if self.graphs is not None:
-            self.graphs.clear()
         if self.native is not None:
             self.native.close()  # issues what is queued (after a failure: flags only)
         if self.watchdog is not None:
@@ -157,8 +150,8 @@ class Resources:
         self.release_steps.clear()
 
     def captured(self) -> int:
-        """How many calls were captured into CUDA graphs, ours or the caller's."""
-        return self.user_captures + (self.graphs.captures if self.graphs is not None else 0)
+        """How many calls were captured into the caller's CUDA graphs."""
+        return self.user_captures
 
 
 def build_resources(store: dist.Store, rank: int, world: int, device: torch.device,
@@ -175,7 +168,6 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
     buffers = Buffers(topo, slot_bytes, slots if topo.machines > 1 else 0,
                       layout.PADDING_SLOTS, device)
     res = Resources(topo, is_cuda, device, slice_bytes, slots, None, None, buffers,
-                    wave_groups=config.wave_groups,
                     smallest_slice_bytes=config.smallest_slice_bytes(topo.devices_per_machine,
                                                                      topo.machines))
     recorder = FlightRecorder(config.flight_records, rank, config.flight_file)
@@ -188,8 +180,8 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
         res.call_check = HostCallCheck() if config.check_call_end else None
     res.divisors = _divisors(world, device)
     res.plan = probe.plan_without_probe(res, config) or slicing.UNDECIDED
-    if is_cuda:  # last, as ever: what graphs capture and the native issuer traces reads them
-        cuda_setup.build_replay(res, config)
+    if is_cuda:  # last, as ever: what the native issuer traces reads them
+        cuda_setup.build_native(res, config)
     return res
 
 

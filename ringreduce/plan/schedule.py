@@ -163,9 +163,8 @@ def event_names(devices: int, staging_slots: int, padding_slots: int) -> tuple[s
 Wave = tuple[Step, ...]
 
 
-def waves(steps: tuple[Step, ...], grouped: bool = True) -> tuple[Wave, ...]:
-    """The steps (slice-major, as plan_steps makes them) as waves. ``grouped=False``
-    gives one step per wave: a group per stage, in slice-major order.
+def waves(steps: tuple[Step, ...]) -> tuple[Wave, ...]:
+    """The steps (slice-major, as plan_steps makes them) as waves.
 
     Slice-major order is a valid issue order, so it defines what each wait must see:
     the latest record of that event before it. A wave issues in two phases (module
@@ -176,8 +175,6 @@ def waves(steps: tuple[Step, ...], grouped: bool = True) -> tuple[Wave, ...]:
     and (3) its records come after every wait that must still see the record they
     replace. Within a wave steps keep slice-major order, so a stream's work and the
     host's NCCL calls keep one order on every rank."""
-    if not grouped:
-        return tuple((s,) for s in steps)
     wave_of: list[int] = []
     recorded: dict[str, int] = {}                 # event -> wave of its latest record
     waiters: dict[str, tuple[int, int]] = {}      # event -> latest (wave, phase) waiting on it
@@ -206,12 +203,12 @@ def waves(steps: tuple[Step, ...], grouped: bool = True) -> tuple[Wave, ...]:
 
 @functools.lru_cache(maxsize=1024)
 def plan_waves(numel: int, itemsize: int, devices: int, machines: int, slice_bytes: int,
-               staging_slots: int, slot_reader: str, grouped: bool,
+               staging_slots: int, slot_reader: str,
                ) -> tuple[tuple[layout.SlicePlan, ...], tuple[Wave, ...]]:
     """plan_call with its steps as waves (memoised the same way)."""
     plans, steps = plan_call(numel, itemsize, devices, machines, slice_bytes, staging_slots,
                              slot_reader)
-    return plans, waves(steps, grouped)
+    return plans, waves(steps)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -4,14 +4,14 @@
         --mode loopback --script benchmarks/native_host.py -- --size 25M
 
 Every rank builds one Communicator per way (``--ways``; DEFAULT_WAYS says what each name
-means: issuer, wave groups, paired communicators, slice size, graph replay) over the same
-process group, and measures in one run:
+means: issuer, slice size, plan, end-of-call check, diffuse) over the same process group,
+and measures in one run:
   * host time of one call on an idle pipeline (the caller's time until the call
     returns), synchronous and ``async_op=True`` (these round BUCKETS tensors, as DDP's
     buckets: calls on one tensor wait for each other), median of ``--calls`` samples;
-  * CPU per call (getrusage of the whole process: every thread, NCCL's proxies and
-    the native worker) and busy cores over ``--calls`` back-to-back calls, the host
-    waiting for the device once at the end;
+  * CPU per call (getrusage of the whole process: every thread, NCCL's proxies
+    included) and busy cores over ``--calls`` back-to-back calls, the host waiting for
+    the device once at the end;
   * exactness: small integers, each way against NCCL's own all-reduce, bit for bit.
 Rank 0 prints one table; every rank asserts exactness. At most six ways per run under
 MPS: with seven (36 NCCL communicators per process, four ranks on one GPU) the first
@@ -48,19 +48,10 @@ BUCKETS = 8
 """Tensors the asynchronous calls go round (see rank_body)."""
 
 
-_NATIVE: list[Any] = []
-"""The native issuers of the Communicators built (build_comms): settle drains through
-the first (a drain covers every issuer of the process)."""
-
-
 def settle(device: torch.device) -> None:
-    """Until every call made so far finished on the device. torch.cuda.synchronize
-    only waits for work already enqueued: native-async's worker may still be issuing
-    queued calls, so its queue is drained first (drain() covers every issuer of the
-    process). Timing loops end here, and a way starts only once the last one is done,
+    """Until every call made so far finished on the device (every call is issued before
+    it returns). Timing loops end here, and a way starts only once the last one is done,
     so no way's work overlaps another's clock."""
-    if _NATIVE:
-        _NATIVE[0].drain()
     torch.cuda.synchronize(device)
 
 
@@ -73,7 +64,7 @@ def idle_host_us(call: Callable[[], object], samples: int,
                  device: torch.device) -> tuple[float, float]:
     """Medians of the host time of ``call`` with nothing queued before it, and of the
     calling thread's own CPU time in it (what the call computes, without the time it
-    waits for the GIL, a lock, the worker or a core: the rest of the host time)."""
+    waits for the GIL, a lock or a core: the rest of the host time)."""
     times, own = [], []
     for _ in range(samples):
         settle(device)
@@ -135,12 +126,12 @@ def thread_cpu_s() -> dict[int, tuple[str, float]]:
 
 def thread_kind(tid: int, name: str, python: dict[int | None, str]) -> str:
     """A thread's role: the caller, ringreduce's own (Python threads by their
-    threading name in ``python``, native id -> name; the native worker by its OS name
-    "rr-issuer"), NCCL's (by the names NCCL_SET_THREAD_NAME=1 gives them), or "other"."""
+    threading name in ``python``, native id -> name), NCCL's (by the names
+    NCCL_SET_THREAD_NAME=1 gives them), or "other"."""
     if tid == threading.main_thread().native_id:
         return "caller"
-    if name == "rr-issuer" or python.get(tid, "").startswith("ringreduce-"):
-        return name if name == "rr-issuer" else python[tid].removeprefix("ringreduce-")
+    if python.get(tid, "").startswith("ringreduce-"):
+        return python[tid].removeprefix("ringreduce-")
     for prefix, kind in (("NCCL Progress", "nccl progress"), ("NCCL Sock", "nccl socket"),
                          ("NCCL Service", "nccl service")):
         if name.startswith(prefix):
@@ -148,16 +139,11 @@ def thread_kind(tid: int, name: str, python: dict[int | None, str]) -> str:
     return "other"
 
 
-DEFAULT_WAYS = ("native", "native/sep", "native/stage", "python", "python/sep", "python/stage")
-"""Each issuer as configured by default (a group per wave, a communicator per stage
-pair), as ``/sep`` (a communicator per stage, RINGREDUCE_PAIR_COMMS=0) and as ``/stage``
-(a group per stage, RINGREDUCE_WAVE_GROUPS=0, the engine before v2). Also accepted:
+DEFAULT_WAYS = ("native", "python")
+"""Each issuer as configured by default (the pipeline pinned). Also accepted:
 ``native/8M`` (another slice size), ``native/p2p`` (diffuse as a send and a receive
-per other machine, RINGREDUCE_DIFFUSE_GATHER=0), ``native/graphs`` (ringreduce's own CUDA-graph
-replay, ``graphs=8``: the same tensor comes back every call, so it is captured at its
-second call and replayed after), ``native/nocheck`` (without the end-of-call check,
-RINGREDUCE_CHECK_CALL_END=0), ``native/world`` (the check over the world
-communicator, RINGREDUCE_CALL_CHECK_COMMS=world), and the plan (plan/slicing.py):
+per other machine, RINGREDUCE_DIFFUSE_GATHER=0), ``native/nocheck`` (without the
+end-of-call check, RINGREDUCE_CHECK_CALL_END=0), and the plan (plan/slicing.py):
 ``python/auto`` (chosen by the construction probe, as by default), ``python/one``
 (``plan="one-slice"``), ``native/piped`` (``plan="pipelined"``). Every other way
 pins the pipeline, so its issuer is what it measures."""
@@ -173,22 +159,15 @@ def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.C
         issuer, _, variant = way.partition("/")
         # read once, at construction (config.py)
         os.environ["RINGREDUCE_ISSUER"] = issuer
-        os.environ["RINGREDUCE_WAVE_GROUPS"] = "0" if variant == "stage" else "1"
-        os.environ["RINGREDUCE_PAIR_COMMS"] = "0" if variant in ("sep", "stage") else "1"
         os.environ["RINGREDUCE_CHECK_CALL_END"] = "0" if variant == "nocheck" else "1"
-        os.environ["RINGREDUCE_CALL_CHECK_COMMS"] = "world" if variant == "world" else "stages"
         os.environ["RINGREDUCE_DIFFUSE_GATHER"] = "0" if variant == "p2p" else "1"
         slice_bytes = parse_size(variant) if variant[:1].isdigit() else None
-        graphs = 8 if variant == "graphs" else None
         plan = PLANS.get(variant, "pipelined")
         comms[way] = ringreduce.Communicator(machines=machines, slice_bytes=slice_bytes,
-                                             graphs=graphs, plan=plan)
-        if comms[way]._res.native is not None:
-            _NATIVE.append(comms[way]._res.native)
+                                             plan=plan)
         described = comms[way].describe()
         assert described.endswith(f"issuer={issuer}"), described
-    for name in ("WAVE_GROUPS", "PAIR_COMMS", "CHECK_CALL_END", "CALL_CHECK_COMMS",
-                 "DIFFUSE_GATHER"):
+    for name in ("CHECK_CALL_END", "DIFFUSE_GATHER"):
         del os.environ[f"RINGREDUCE_{name}"]
     return comms
 
@@ -246,30 +225,8 @@ def profile_native(ways: dict[str, Callable[[], object]], calls: int, device: to
     return profiles
 
 
-def native_breakdown(comm: ringreduce.Communicator, call: Callable[[], object], calls: int,
-                     device: torch.device) -> dict[str, tuple[float, float]]:
-    """Inside Issuer.run, per synchronous call on an idle pipeline: for each kind of
-    instruction, (instructions, host us) per call (native/issuer.cpp op_times)."""
-    worker = comm._res.native.worker if comm._res.native is not None else None
-    if worker is None:
-        return {}
-    worker.op_times(True)
-    for _ in range(calls):
-        settle(device)
-        dist.barrier()
-        call()
-    settle(device)
-    return {op: (n / calls, ns / calls / 1e3) for op, (n, ns) in worker.op_times(True).items()}
-
-
 def report(rows: dict[str, tuple[Any, ...]], profiles: dict[str, cProfile.Profile],
-           size: int, calls: int, device: torch.device,
-           breakdowns: dict[str, dict[str, tuple[float, float]]]) -> None:
-    for way, breakdown in breakdowns.items():
-        total = sum(us for _, us in breakdown.values())
-        print(f"# inside Issuer.run, {way} sync on an idle pipeline, per call: {total:.1f} us")
-        for op, (n, us) in sorted(breakdown.items(), key=lambda kv: -kv[1][1]):
-            print(f"#   {op:<15} {n:>6.1f} instructions {us:>8.1f} us ({us / n:.2f} us each)")
+           size: int, calls: int, device: torch.device) -> None:
     for name, profile in profiles.items():
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(24)
@@ -316,15 +273,12 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
         ways[f"{name} async"] = lambda c=comm: c.all_reduce(next(ring), async_op=True)
     rows = measure(ways, calls, device, say)
     profiles = profile_native(ways, calls, device, profile)
-    breakdowns = {name: native_breakdown(comms[name], ways[f"{name} sync"], calls, device)
-                  for name in ("native", "native/p2p") if name in comms}
     settle(device)
     for comm in comms.values():
         comm.wait_idle()
         comm.close()
     if launch.rank == 0:
-        report(rows, profiles, size, calls, device,
-               {name: b for name, b in breakdowns.items() if b})
+        report(rows, profiles, size, calls, device)
 
 
 def main() -> None:
@@ -339,7 +293,7 @@ def main() -> None:
     p.add_argument("--profile", type=lambda v: [x for x in v.split(",") if x],
                    default=["native sync", "native async"],
                    help="ways profiled with cProfile on an idle pipeline, e.g. "
-                        "'native-async async'")
+                        "'python sync'")
     args = p.parse_args()
     if "NCCL_HOSTID" in os.environ and "RANK" in os.environ:
         # Ranks sharing one GPU need a host id each (NCCL refuses a duplicate GPU per

@@ -7,7 +7,7 @@
 Every rank draws the same sequence from one seed: sizes log-uniform from 1 element to
 ``--max-bytes``, every dtype and op, all_reduce (most calls), reduce_scatter and
 all_gather, sync and async with up to 8 calls outstanding. Inputs are small integers,
-so each result is compared bit for bit with the reference of ringreduce/benchmark/exact.py,
+so each result is compared bit for bit with the reference of benchmarks/workloads/exact.py,
 computed on the device from every rank's input (no communication). After a warm-up,
 ``torch.cuda.memory_allocated`` must come back to the same figure and the staging buffer
 must never grow or move.
@@ -33,8 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import ringreduce  # noqa: E402  (after the path: runs from any directory)
+from benchmarks.workloads.exact import DTYPES, OPS, expected, rank_input  # noqa: E402
 from ringreduce.benchmark import launch  # noqa: E402
-from ringreduce.benchmark.exact import DTYPES, OPS, expected, rank_input  # noqa: E402
 
 WARMUP = 200
 """Calls before the memory baseline: the caching allocator and NCCL settle by then."""

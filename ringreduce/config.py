@@ -65,7 +65,6 @@ _ENV = {
     "wire": "RINGREDUCE_WIRE",
     "wire_block": "RINGREDUCE_WIRE_BLOCK",
     "hook_feedback": "RINGREDUCE_HOOK_FEEDBACK",
-    "nccl_blocking": "RINGREDUCE_NCCL_BLOCKING",
     "issuer": "RINGREDUCE_ISSUER",
     "diffuse_gather": "RINGREDUCE_DIFFUSE_GATHER",
     "plan": "RINGREDUCE_PLAN",
@@ -190,17 +189,6 @@ class Config:
     (``RINGREDUCE_HOOK_FEEDBACK``; 0 turns it off): the quantization error of a bucket
     is added to the same bucket next step (compressed.py, about numel/D fp32 values per
     rank and bucket)."""
-
-    nccl_blocking: bool = True
-    """CUDA only: the communicators that carry traffic are blocking NCCL communicators
-    (``RINGREDUCE_NCCL_BLOCKING``; 0 makes them non-blocking too). Either way they are
-    created non-blocking, so initialisation and splitting end at the deadline, and the
-    watchdog aborts them after it. Blocking by default, from measurement: NCCL (2.2x,
-    src/group.cc) hands every ``ncclGroupEnd`` on a non-blocking communicator to a
-    new thread, and a 25 MiB call at 2 x 1 (14 groups) cost 3003 us of host time
-    against 1465 us blocking (H200). The one wait a blocking communicator adds,
-    connection setup inside the first call to a peer, is bounded by the watchdog, which
-    also watches calls being issued."""
 
     issuer: str | None = None
     """CUDA only: who issues a pipelined call's work (``RINGREDUCE_ISSUER``).

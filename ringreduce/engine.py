@@ -141,9 +141,6 @@ class Communicator:
     def describe(self) -> str:
         """The effective configuration, one line (logged once on rank 0)."""
         t, r, c = self._res.topo, self._res, self.config
-        cuda = {"nccl_blocking": int(c.nccl_blocking),
-}
-        per_device = ", ".join(f"{k}={v if r.is_cuda else 'n/a (cpu)'}" for k, v in cuda.items())
         return (f"{t.machines} machines x {t.devices_per_machine} devices, "
                 f"{'cuda (nccl ' + str(r.nccl_version) + ')' if r.is_cuda else 'cpu (gloo)'}, "
                 f"plan={r.plan.plan} ({r.plan.reason}), "
@@ -151,7 +148,6 @@ class Communicator:
                 f"({r.staging_slots} slots), min_bytes={c.min_bytes}, "
                 f"rail_channels={c.rail_channels or 'nccl default'}, "
                 f"wire={_wire_text(c)}, diffuse_gather={int(c.diffuse_gather)}, "
-                f"{per_device}, "
                 f"check_call_end={int(r.call_check is not None)}, "
                 f"issuer={r.native.mode if r.native is not None else 'python'}")
 

@@ -74,7 +74,7 @@ def lines(config: Config | None = None) -> list[str]:
     else:
         out.append("torch.distributed: not initialised (topology is detected per "
                    "Communicator from NCCL_HOSTID or host name and boot id)")
-    why = native.why_not(config, True, config.nccl_blocking, kernels.available())
+    why = native.why_not(config, True, kernels.available())
     chosen = config.issuer or "native"
     out.append(f"issuer for a CUDA call: {chosen if not why else 'python (' + why + ')'}")
     out.append("plan of a hierarchical call: " + (

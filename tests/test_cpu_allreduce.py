@@ -8,27 +8,11 @@ import torch.distributed as dist
 
 import ringreduce
 
-from .cases import interleaved, sizes_for, sweep
+from .cases import count_stage_calls, interleaved, sizes_for, sweep
 from .multiproc import run_test_ranks
 
 CPU = torch.device("cpu")
 TOPOLOGIES = [(2, 2), (1, 4), (4, 1), (3, 2), (2, 3)]  # (machines, devices per machine)
-
-
-def _count_stage_calls(comm: ringreduce.Communicator) -> dict[str, int]:
-    """Spy on the real transport: count how often each stage operation ran."""
-    counts: dict[str, int] = {}
-    transport = comm._res.transport
-    for name in ("reduce_scatter", "collect", "diffuse", "all_gather", "flat_all_reduce",
-                 "exchange_signature"):
-        real = getattr(transport, name)
-
-        def counted(*a: object, _real=real, _name=name) -> None:
-            counts[_name] = counts.get(_name, 0) + 1
-            _real(*a)
-
-        setattr(transport, name, counted)
-    return counts
 
 
 def _sweep_worker(rank: int, world: int, machines: int) -> None:
@@ -38,7 +22,7 @@ def _sweep_worker(rank: int, world: int, machines: int) -> None:
         topo = comm.topology
         assert (topo.machines, topo.devices_per_machine) == (machines, devices)
         assert topo.machine_index == rank // devices and topo.device_index == rank % devices
-        counts = _count_stage_calls(comm)
+        counts = count_stage_calls(comm)
         assert sweep(comm, sizes_for(devices, machines), CPU) > 0
         interleaved(comm, [1, 33, 250], CPU)
     if machines > 1:
@@ -115,7 +99,7 @@ def _slices_worker(rank: int, world: int) -> None:
     """A tensor of many slices with a tail: the exact stage-call count proves the
     hierarchical route ran once per slice (and not a flat all-reduce)."""
     with ringreduce.Communicator(machines=2, min_bytes=0, slice_bytes=256) as comm:
-        counts = _count_stage_calls(comm)
+        counts = count_stage_calls(comm)
         n = 10 * 64 + 3  # fp32: 64 elements a slice -> 10 full slices + 3 elements
         assert sweep(comm, [n], CPU, dtypes=(torch.float32,), ops=(dist.ReduceOp.SUM,)) == 1
     assert counts == {"reduce_scatter": 11, "collect": 11, "diffuse": 11, "all_gather": 11,
@@ -131,7 +115,7 @@ def _call_size_worker(rank: int, world: int) -> None:
     call of 4 MiB and 4 bytes goes as four slices (rounded up to whole units, not four
     and a sliver), one of 2 MiB as two of the smallest (1 MiB), each exact."""
     with ringreduce.Communicator(machines=2, min_bytes=0) as comm:
-        counts = _count_stage_calls(comm)
+        counts = count_stage_calls(comm)
         n = (4 << 20) // 4 + 1  # fp32
         assert sweep(comm, [n], CPU, dtypes=(torch.float32,), ops=(dist.ReduceOp.SUM,)) == 1
         assert counts["collect"] == 4, counts
@@ -146,7 +130,7 @@ def test_a_small_call_goes_as_four_slices() -> None:
 
 def _fast_path_worker(rank: int, world: int) -> None:
     with ringreduce.Communicator(machines=2) as comm:  # default min_bytes: 1 MiB
-        counts = _count_stage_calls(comm)
+        counts = count_stage_calls(comm)
         assert sweep(comm, [1000], CPU, dtypes=(torch.float32,)) == 4
         assert counts == {"flat_all_reduce": 4}, counts
         t = torch.ones(comm.config.min_bytes // 4)  # exactly min_bytes: hierarchical

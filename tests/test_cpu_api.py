@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
 
 from .multiproc import run_test_ranks
+from .training import model, train
 
 
 def _bad_input_worker(rank: int, world: int) -> None:
@@ -46,27 +46,6 @@ def _bad_input_worker(rank: int, world: int) -> None:
 
 def test_bad_input_raises_before_communicating() -> None:
     run_test_ranks(_bad_input_worker, 4)
-
-
-def model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(37, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                         nn.Linear(64, 5))
-
-
-CPU = torch.device("cpu")
-
-
-def train(net: nn.Module, rank: int, steps: int, device: torch.device = CPU) -> list[torch.Tensor]:
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    for step in range(steps):
-        g = torch.Generator().manual_seed(1000 * rank + step)
-        x, y = torch.randn(16, 37, generator=g), torch.randn(16, 5, generator=g)
-        x, y = x.to(device), y.to(device)
-        opt.zero_grad()
-        nn.functional.mse_loss(net(x), y).backward()
-        opt.step()
-    return [p.detach().clone() for p in net.parameters()]
 
 
 def _ddp_worker(rank: int, world: int) -> None:

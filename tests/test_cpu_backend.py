@@ -6,7 +6,6 @@ like DDP on gloo (FSDP2 on the backend: test_cpu_fsdp.py)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import pytest
 import torch
@@ -16,18 +15,23 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ringreduce.errors import RingReduceError
 from ringreduce.integrations.backend import RingReduceGroup
 
-from .cases import DTYPES, OPS, block_sweep, check_equal, expected, rank_input
+from .cases import (
+    DTYPES,
+    OPS,
+    all_gather_single,
+    block_sweep,
+    check_equal,
+    expected,
+    other_collectives,
+    rank_input,
+    reduce_scatter_single,
+    world_group,
+)
 from .multiproc import run_test_ranks
-from .test_cpu_api import model, train
+from .training import model, train
 
 CPU = torch.device("cpu")
 ENV = {"RINGREDUCE_MACHINES": "2", "RINGREDUCE_MIN_BYTES": "0"}
-
-
-def _group() -> RingReduceGroup:
-    group = dist.group.WORLD
-    assert isinstance(group, RingReduceGroup) and dist.get_backend() == "ringreduce"
-    return group
 
 
 def _collectives_worker(rank: int, world: int) -> None:
@@ -39,7 +43,7 @@ def _collectives_worker(rank: int, world: int) -> None:
                 dist.all_reduce(t, op=op)
                 check_equal(t, expected(world, n, dtype, op, CPU, calls), f"{n} {dtype} {op}")
                 calls += 1
-    engine = _group().communicator(CPU)
+    engine = world_group().communicator(CPU)
     assert engine.op_number == calls, (engine.op_number, calls)  # all of them were ours
     assert engine.topology.machines == 2
     records = list(engine._res.guard.recorder._records)
@@ -50,12 +54,12 @@ def _collectives_worker(rank: int, world: int) -> None:
         {("reduce_scatter", "hierarchical"), ("all_gather", "hierarchical")}
     # Bytes (FSDP2 gathers them when a module's parameters differ in dtype): gloo's.
     gathered_bytes = torch.zeros(world * 3, dtype=torch.uint8)
-    _all_gather(gathered_bytes, torch.full((3,), rank, dtype=torch.uint8))
+    all_gather_single(gathered_bytes, torch.full((3,), rank, dtype=torch.uint8))
     assert torch.equal(gathered_bytes, torch.arange(world, dtype=torch.uint8).repeat_interleave(3))
     assert engine.op_number == calls
     # A view that is not contiguous: refused on every rank before anything is sent.
     with pytest.raises(ValueError, match="contiguous"):
-        _reduce_scatter(torch.zeros(2), torch.zeros(2 * world, 2)[:, 0])
+        reduce_scatter_single(torch.zeros(2), torch.zeros(2 * world, 2)[:, 0])
     # Not the engine's: PRODUCT goes to gloo, logged once; the engine is not called.
     t = torch.full((5,), 2.0)
     dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
@@ -73,11 +77,6 @@ def _collectives_worker(rank: int, world: int) -> None:
     assert work is not None and work.wait()
 
 
-# torch 2.13 names them *_single and warns on the old names, the only ones older torch has
-_reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-
-
 class _DistBlocks:
     """The default group's reduce-scatter and all-gather, shaped like Communicator's
     (for cases.block_sweep)."""
@@ -86,61 +85,17 @@ class _DistBlocks:
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: object,
                        async_op: bool) -> object:
-        work = _reduce_scatter(output, input, op=op, async_op=async_op)
+        work = reduce_scatter_single(output, input, op=op, async_op=async_op)
         return work.get_future().then(lambda f: output) if async_op else None
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool) -> object:
-        work = _all_gather(output, input, async_op=async_op)
+        work = all_gather_single(output, input, async_op=async_op)
         return work.get_future().then(lambda f: output) if async_op else None
 
 
 def test_backend_all_reduce_goes_through_the_engine(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
     run_test_ranks(_collectives_worker, 4, backend="ringreduce", env=ENV)
-
-
-def other_collectives(rank: int, world: int, rounds: int,
-                      device: torch.device = CPU) -> None:
-    """Every collective the group hands to the backend itself, with its result checked,
-    ``rounds`` times. torch's own fallback for these deadlocked about one run in ten
-    (gloo's worker waiting for the GIL while holding its queue lock, the caller holding
-    the GIL and waiting for the lock), so a few hundred rounds would hang without the
-    hand-off; the run's deadline turns a hang into a failure. The GPU backend test runs
-    it on CUDA tensors (NCCL's side). Then one reduce_scatter_tensor and one
-    all_gather_into_tensor: the engine's, and the only calls it got."""
-    f32: dict[str, Any] = {"dtype": torch.float32, "device": device}
-    engine_calls = {kind: e.op_number for kind, e in _group()._engines.items()}
-    for i in range(rounds):
-        pieces = [torch.zeros(2, **f32) for _ in range(world)]
-        dist.all_gather(pieces, torch.full((2,), float(rank + i), **f32))
-        assert all(torch.equal(p, torch.full((2,), float(r + i), **f32))
-                   for r, p in enumerate(pieces))
-        b = torch.full((3,), float(rank), **f32)
-        dist.broadcast(b, src=i % world)
-        assert torch.equal(b, torch.full((3,), float(i % world), **f32))
-        dist.barrier()
-    exchanged = torch.zeros(world, **f32)
-    dist.all_to_all_single(exchanged, torch.full((world,), float(rank), **f32))
-    assert torch.equal(exchanged, torch.arange(world, **f32))
-    peer = rank ^ 1
-    got = torch.zeros(2, **f32)
-    if rank % 2 == 0:
-        dist.send(torch.full((2,), float(rank), **f32), peer)
-        dist.recv(got, peer)
-    else:
-        dist.recv(got, peer)
-        dist.send(torch.full((2,), float(rank), **f32), peer)
-    assert torch.equal(got, torch.full((2,), float(peer), **f32))
-    # None of them was the engine's.
-    assert {kind: e.op_number for kind, e in _group()._engines.items()} == engine_calls
-    scattered = torch.zeros(2, **f32)
-    _reduce_scatter(scattered, torch.arange(world * 2, **f32))
-    assert torch.equal(scattered, world * torch.arange(rank * 2, rank * 2 + 2, **f32))
-    gathered = torch.zeros(world * 2, **f32)
-    _all_gather(gathered, torch.full((2,), float(rank), **f32))
-    assert torch.equal(gathered, torch.arange(world, **f32).repeat_interleave(2))
-    engine = _group().communicator(device)
-    assert engine.op_number == engine_calls.get(device.type, 0) + 2, engine.op_number
 
 
 def test_other_collectives_are_the_backends_and_do_not_deadlock() -> None:
@@ -194,7 +149,7 @@ def _ddp_worker(rank: int, world: int) -> None:
     # partials first), so fp32 results may differ in the last bits.
     for a, b in zip(got, reference, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert _group().communicator(CPU).op_number >= 6
+    assert world_group().communicator(CPU).op_number >= 6
 
 
 def test_ddp_without_a_hook_on_the_backend_matches_gloo() -> None:

@@ -1,4 +1,4 @@
-"""The DLRM benchmark (ringreduce/benchmark/dlrm.py, run by benchmarks/dlrm.py) on CPU:
+"""The DLRM benchmark (benchmarks/workloads/dlrm.py, run by benchmarks/dlrm.py) on CPU:
 a tiny DLRM and a tiny transformer (``--model transformer``) trained on 4 gloo ranks
 (2 virtual machines x 2) with plain DDP, with ringreduce's hook and (DLRM) with the
 ringreduce backend; the loss curves must agree, and the command line must run end to
@@ -33,9 +33,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from ringreduce.benchmark import dlrm_cli, dlrm_model
-from ringreduce.benchmark.dlrm import ModeRun, Options, Spec, gloo_refusal, run_modes
-from ringreduce.benchmark.transformer_model import (
+from benchmarks.workloads import dlrm_cli, dlrm_model
+from benchmarks.workloads.dlrm import ModeRun, Options, Spec, gloo_refusal, run_modes
+from benchmarks.workloads.transformer_model import (
     MarkovSource,
     TransformerSpec,
     entropy_floor,

@@ -1,11 +1,11 @@
 """GPU tests: the CUDA pipeline over real NCCL communicators (nccl4py), bit-exact.
 
-Virtual machines are emulated on one host: rank (m, d) sets ``NCCL_HOSTID=vm<m>`` and
-uses GPU d, so NCCL routes rail traffic over its network transport. When a machine has
-more devices than the host has GPUs, its ranks share GPUs (run them under CUDA MPS, as
-the GPU run script does): NCCL refuses two ranks of one host id on one GPU, so each of
-those ranks gets its own host id (``vm<m>r<d>``) and the machine count is passed
-explicitly (``RINGREDUCE_MACHINES``).
+Virtual machines are emulated on one host (each rank's environment: tests/gpu.py): rank
+(m, d) sets ``NCCL_HOSTID=vm<m>`` and uses GPU d, so NCCL routes rail traffic over its
+network transport. When a machine has more devices than the host has GPUs, its ranks
+share GPUs (run them under CUDA MPS, as the GPU run script does): NCCL refuses two ranks
+of one host id on one GPU, so each of those ranks gets its own host id (``vm<m>r<d>``)
+and the machine count is passed explicitly (``RINGREDUCE_MACHINES``).
 
 Topologies: ``RINGREDUCE_GPU_TOPOLOGIES`` (default ``2x1``; e.g. ``2x1,2x2,4x2``), each
 running the exact sweep with its stage-operation count, block collectives, CUDA-graph
@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
-import os
 from collections.abc import Callable
 
 import pytest
@@ -36,54 +34,19 @@ from .cases import (
     OPS,
     block_sweep,
     check_equal,
+    count_stage_calls,
     expected,
     interleaved,
+    other_collectives,
     rank_input,
     sizes_for,
     sweep,
 )
+from .gpu import GPU_MARKS, IDS, SMALL, TOPOLOGIES, gpu_env
 from .multiproc import run_test_ranks
-from .test_cpu_allreduce import _count_stage_calls as count_stage_calls
-from .test_cpu_api import model, train
-from .test_cpu_backend import other_collectives
+from .training import model, train
 
-GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(GPUS == 0, reason="needs CUDA GPUs"),
-    pytest.mark.skipif(importlib.util.find_spec("nccl") is None, reason="needs nccl4py"),
-]
-SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-        "NVSHMEM_DISABLE_NVLS": "1"}
-
-
-def topologies() -> list[tuple[int, int]]:
-    """(machines, devices per machine) from RINGREDUCE_GPU_TOPOLOGIES, e.g. "2x1,2x2"."""
-    raw = os.environ.get("RINGREDUCE_GPU_TOPOLOGIES", "2x1")
-    out = []
-    for item in raw.replace(" ", "").split(","):
-        m, _, d = item.partition("x")
-        if not (m.isdigit() and d.isdigit() and int(m) >= 1 and int(d) >= 1):
-            raise ValueError(f"RINGREDUCE_GPU_TOPOLOGIES={raw!r}: {item!r} is not MxD "
-                             "(machines x devices), e.g. RINGREDUCE_GPU_TOPOLOGIES=2x1,2x2,4x2")
-        out.append((int(m), int(d)))
-    return out
-
-
-TOPOLOGIES = topologies()
-IDS = [f"{m}x{d}" for m, d in TOPOLOGIES]
-SMALL = (2, 2) if GPUS >= 2 else (2, 1)
-"""The multi-machine topology of the single-case tests: 2 x 1 fits one GPU."""
-
-
-def _env(machines: int, devices: int) -> list[dict[str, str]]:
-    """Rank r = (m, d) on GPU d (modulo the GPUs there are). Ranks of one machine that
-    share a GPU need host ids of their own (NCCL: "Duplicate GPU detected")."""
-    shared = devices > GPUS
-    return [{**SAFE, "RINGREDUCE_MACHINES": str(machines),
-             "NCCL_HOSTID": f"vm{r // devices}" + (f"r{r % devices}" if shared else ""),
-             "RR_TEST_DEVICE": str(r % devices % max(GPUS, 1))}
-            for r in range(machines * devices)]
+pytestmark = GPU_MARKS
 
 
 def _exact_worker(rank: int, world: int, machines: int) -> None:
@@ -109,13 +72,6 @@ def _exact_worker(rank: int, world: int, machines: int) -> None:
         assert plan.plan in ("one-slice", "pipelined") and "probe" in plan.reason, plan
         assert comm._res.probe_calls == 2 * (probe.WARMUP + probe.ROUNDS), comm.op_number
         sweep(comm, [1000, 3 << 20], dev, dtypes=(torch.float32, torch.bfloat16))
-    for variant in ("RINGREDUCE_PAIR_COMMS", "RINGREDUCE_WAVE_GROUPS"):
-        os.environ[variant] = "0"  # a communicator per stage; then a group per stage too
-        with ringreduce.Communicator(min_bytes=0, slice_bytes=4096, plan="pipelined") as comm:
-            _check_pairs(comm, paired=False)
-            sweep(comm, [1000, 65537], dev, dtypes=(torch.float32,))
-    for variant in ("RINGREDUCE_PAIR_COMMS", "RINGREDUCE_WAVE_GROUPS"):
-        del os.environ[variant]
     _blocks(rank, world, machines, dev)
 
 
@@ -136,13 +92,13 @@ def _one_slice(comm: ringreduce.Communicator, rank: int, devices: int, machines:
     assert torch.equal(hi, lo), "ranks disagree after a one-slice AVG"
 
 
-def _check_pairs(comm: ringreduce.Communicator, paired: bool) -> None:
-    """By default a wave's two stages of a pair go to one NCCL communicator."""
+def _check_pairs(comm: ringreduce.Communicator) -> None:
+    """A wave's two stages of a pair go to one NCCL communicator."""
     comms = comm._res.comms
     pairs = [("collect", "diffuse")]
     if comm.topology.devices_per_machine > 1:
         pairs.append(("reduce_scatter", "all_gather"))
-    assert all((comms[a] is comms[b]) == paired for a, b in pairs), (paired, comms)
+    assert all(comms[a] is comms[b] for a, b in pairs), comms
 
 
 def _count_stages(comm: ringreduce.Communicator, dev: torch.device) -> None:
@@ -150,7 +106,7 @@ def _count_stages(comm: ringreduce.Communicator, dev: torch.device) -> None:
     with a padding tail must issue every active stage once per slice, and no flat
     all-reduce; a call below min_bytes must issue exactly one flat all-reduce."""
     topo = comm.topology
-    _check_pairs(comm, paired=True)
+    _check_pairs(comm)
     counts = count_stage_calls(comm)
     n = 10 * 1024 + 3  # fp32, 4 KiB slices: 10 full slices and a tail
     t = rank_input(topo.rank, n, torch.float32, dev)
@@ -192,7 +148,7 @@ def _blocks(rank: int, world: int, machines: int, dev: torch.device) -> None:
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_collectives_are_exact_and_hierarchical(machines: int, devices: int) -> None:
     run_test_ranks(_exact_worker, machines * devices, machines, backend="nccl",
-                   env=_env(machines, devices), timeout=300)
+                   env=gpu_env(machines, devices), timeout=300)
 
 
 def _wire_worker(rank: int, world: int, wire: torch.dtype) -> None:
@@ -226,7 +182,7 @@ def _run_each(worker: Callable[..., None], values: tuple[object, ...], rank: int
 
 def test_gpu_wire_format_is_exact_on_small_integers_and_identical() -> None:
     run_test_ranks(_each(_wire_worker, (torch.bfloat16, torch.float16)), SMALL[0] * SMALL[1],
-                   backend="nccl", env=_env(*SMALL))
+                   backend="nccl", env=gpu_env(*SMALL))
 
 
 def _no_sync_worker(rank: int, world: int) -> None:
@@ -249,7 +205,7 @@ def _no_sync_worker(rank: int, world: int) -> None:
 
 
 def test_gpu_all_reduce_never_syncs_the_host() -> None:
-    run_test_ranks(_no_sync_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL))
+    run_test_ranks(_no_sync_worker, SMALL[0] * SMALL[1], backend="nccl", env=gpu_env(*SMALL))
 
 
 def _graph_worker(rank: int, world: int) -> None:
@@ -289,15 +245,15 @@ def _live_graph_worker(rank: int, world: int) -> None:
 
 
 def test_gpu_close_with_a_live_graph_raises_instead_of_hanging() -> None:
-    run_test_ranks(_live_graph_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL),
+    run_test_ranks(_live_graph_worker, SMALL[0] * SMALL[1], backend="nccl", env=gpu_env(*SMALL),
                    timeout=120)
 
 
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_callers_cuda_graph_captures_exactly(machines: int, devices: int) -> None:
     """The caller's own capture of ringreduce's calls, replayed."""
-    run_test_ranks(_graph_worker, machines * devices, backend="nccl", env=_env(machines, devices),
-                   timeout=300)
+    run_test_ranks(_graph_worker, machines * devices, backend="nccl",
+                   env=gpu_env(machines, devices), timeout=300)
 
 
 def _backend_worker(rank: int, world: int, machines: int) -> None:
@@ -343,6 +299,6 @@ class _DistAsComm:
 
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_ddp_backend_and_hook_match_plain_ddp(machines: int, devices: int) -> None:
-    env = [{**e, "RINGREDUCE_MIN_BYTES": "0"} for e in _env(machines, devices)]
+    env = [{**e, "RINGREDUCE_MIN_BYTES": "0"} for e in gpu_env(machines, devices)]
     run_test_ranks(_backend_worker, machines * devices, machines, backend="ringreduce", env=env,
                    timeout=300)

@@ -18,9 +18,9 @@ import torch.distributed as dist
 
 import ringreduce
 
+from .compressed import SIZES, accuracy, feedback, hook_trains, non_finite
+from .gpu import GPUS, SMALL, gpu_env
 from .multiproc import run_test_ranks
-from .test_cpu_compressed import SIZES, accuracy, feedback, hook_trains, non_finite
-from .test_gpu import GPUS, SMALL, _env
 
 pytestmark = [
     pytest.mark.gpu,
@@ -51,4 +51,4 @@ def _compressed_worker(rank: int, world: int, machines: int) -> None:
 
 def test_gpu_compressed_bounds_identity_feedback_and_hook() -> None:
     run_test_ranks(_compressed_worker, SMALL[0] * SMALL[1], SMALL[0], backend="nccl",
-                   env=_env(*SMALL), timeout=300)
+                   env=gpu_env(*SMALL), timeout=300)

@@ -2,7 +2,7 @@
 and the ``ringreduce`` backend, DDP with create_graph=True), and a failed operation's
 Work raises from ``wait()`` once the watchdog has found it, ``is_success()`` False.
 
-At the two-machine topologies of RINGREDUCE_GPU_TOPOLOGIES (default 2 x 1; tests/test_gpu.py
+At the two-machine topologies of RINGREDUCE_GPU_TOPOLOGIES (default 2 x 1; tests/gpu.py
 gives ranks that share a GPU host ids of their own and passes the machine count). Run with
 ``pytest -m gpu``; skipped without CUDA or nccl4py.
 """
@@ -21,13 +21,11 @@ import torch.distributed as dist
 
 import ringreduce
 
+from .conformance import backend_tracked_worker, create_graph_worker, tracked_worker
+from .gpu import GPU_MARKS, KILLED_UNDER_MPS, gpu_env, topologies
 from .multiproc import run_test_ranks
-from .test_cpu_conformance import backend_tracked_worker, create_graph_worker, tracked_worker
-from .test_gpu import _env, topologies
-from .test_gpu import pytestmark as gpu_marks
-from .test_gpu_faults import KILLED_UNDER_MPS
 
-pytestmark = gpu_marks
+pytestmark = GPU_MARKS
 TOPOLOGIES = [f"{m}x{d}" for m, d in topologies() if m == 2] or ["2x1"]
 """Two machines: the workers build ``Communicator(machines=2)``."""
 DEADLINE = 10.0
@@ -36,7 +34,7 @@ SLACK = 15.0  # abort and NCCL teardown with ranks sharing one GPU
 
 def one_gpu_env(topology: str, **extra: str) -> list[dict[str, str]]:
     machines, devices = (int(x) for x in topology.split("x"))
-    return [{**e, "RINGREDUCE_MIN_BYTES": "0", **extra} for e in _env(machines, devices)]
+    return [{**e, "RINGREDUCE_MIN_BYTES": "0", **extra} for e in gpu_env(machines, devices)]
 
 
 def _world(topology: str) -> int:

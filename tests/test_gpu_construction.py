@@ -15,8 +15,10 @@ import torch.distributed as dist
 
 from ringreduce.integrations.backend import RingReduceGroup
 
+from .gpu import GPU_MARKS, SMALL, gpu_env
 from .multiproc import run_test_ranks
-from .test_gpu import SMALL, _env, pytestmark  # noqa: F401  (the GPU marks and skips)
+
+pytestmark = GPU_MARKS
 
 
 def _construction_worker(rank: int, world: int) -> None:
@@ -53,6 +55,6 @@ def _construction_worker(rank: int, world: int) -> None:
 
 
 def test_gpu_backend_construction_subgroups_settings_and_strided_tensors() -> None:
-    env = [{**e, "RINGREDUCE_MIN_BYTES": "0"} for e in _env(*SMALL)]
+    env = [{**e, "RINGREDUCE_MIN_BYTES": "0"} for e in gpu_env(*SMALL)]
     run_test_ranks(_construction_worker, SMALL[0] * SMALL[1], backend="ringreduce", env=env,
                    timeout=240)

@@ -12,13 +12,13 @@ import torch
 
 import ringreduce
 
+from .embedding import check_sharded_embedding
+from .gpu import GPUS, SMALL, gpu_env
 from .multiproc import run_test_ranks
-from .test_cpu_embedding import check_sharded_embedding
-from .test_gpu import GPUS, SMALL, _env
 
 pytestmark = [
     pytest.mark.gpu,
-    # With one GPU the test runs 2 x 1; virtual machines share GPUs (see test_gpu._env).
+    # With one GPU the test runs 2 x 1; virtual machines share GPUs (see tests/gpu.py).
     pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU"),
     pytest.mark.skipif(importlib.util.find_spec("nccl") is None, reason="needs nccl4py"),
 ]
@@ -32,4 +32,4 @@ def _embedding_worker(rank: int, world: int) -> None:
 
 
 def test_gpu_sharded_embedding_matches_unsharded() -> None:
-    run_test_ranks(_embedding_worker, SMALL[0] * SMALL[1], backend="nccl", env=_env(*SMALL))
+    run_test_ranks(_embedding_worker, SMALL[0] * SMALL[1], backend="nccl", env=gpu_env(*SMALL))

@@ -2,7 +2,7 @@
 peers on the survivors within the deadline (RINGREDUCE_TIMEOUT) plus slack, never a hang
 or a wrong result reported as success, and the survivors go on with a new Communicator.
 
-At every topology of RINGREDUCE_GPU_TOPOLOGIES (test_gpu.py; virtual machines by
+At every topology of RINGREDUCE_GPU_TOPOLOGIES (tests/gpu.py; virtual machines by
 NCCL_HOSTID, ranks sharing GPUs under MPS): the last rank killed mid-operation, alive
 but never calling, absent when the first call connects, and two kinds of call of the
 same bytes every rank made before, swapped (the end-of-call check names both on every
@@ -26,76 +26,39 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
-import sys
 import tempfile
 import time
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import ringreduce
 
 from . import faults, netns
+from .gpu import (
+    DEADLINE,
+    GPU_MARKS,
+    HANG_S,
+    IDS,
+    KILLED_UNDER_MPS,
+    NUMEL,
+    OPS,
+    SLACK,
+    SMALL,
+    STAGE_ERROR,
+    TOPOLOGIES,
+    env_with_deadline,
+    healthy,
+    leave,
+    survive,
+)
 from .multiproc import run_test_ranks
-from .test_gpu import IDS, SMALL, TOPOLOGIES, _env
-from .test_gpu import pytestmark as gpu_marks
 
-pytestmark = gpu_marks
-
-DEADLINE = 10.0
-SLACK = 15.0  # abort, NCCL proxy teardown, up to 8 processes on one shared GPU
-NUMEL = 64 << 20  # 256 MiB of float32: 64 slices, far longer in flight than the kill delay
-OPS = 2  # if the victim's first operation beat its fault, the second one still hangs
-HANG_S = DEADLINE + SLACK + 120  # fault, new group and Communicator of up to 7 survivors
-STAGE_ERROR = (r"stage '(reduce_scatter|collect|add|diffuse|all_gather)' failed on rank \d+ "
-               r"in operation #\d+ \(.*\), peers \(group ranks\) \[[\d, ]+\]")
-
-
-def _env_with_deadline(machines: int, devices: int,
-                       extra: dict[str, str] | None = None) -> list[dict[str, str]]:
-    base = {"RINGREDUCE_TIMEOUT": str(DEADLINE), "RINGREDUCE_CHECK_NEW_CALLS": "0"}
-    return [{**e, **base, **(extra or {})} for e in _env(machines, devices)]
+pytestmark = GPU_MARKS
 
 
 def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
-
-
-def _healthy(dev: torch.device) -> ringreduce.Communicator:
-    """A communicator whose connections exist: the fault must hit a running pipeline,
-    not NCCL's connection setup. A survivor that hangs anyway prints every thread's
-    stack (faulthandler) and exits, so the log shows where."""
-    faulthandler.dump_traceback_later(HANG_S, exit=True)
-    comm = ringreduce.Communicator(min_bytes=0)
-    t = torch.ones(1 << 20, device=dev)
-    comm.all_reduce(t)
-    comm.wait_idle()
-    torch.cuda.synchronize()
-    assert torch.equal(t, torch.full_like(t, float(dist.get_world_size())))
-    return comm
-
-
-def _survive(comm: ringreduce.Communicator, dev: torch.device, fault: str,
-             stamped: bool = False) -> str:
-    """Issue OPS large calls whose peer is gone; the error must come within the
-    deadline plus slack (from the injecting rank's stamp when ``stamped``, else from
-    the first call), and the communicator must refuse work and close promptly."""
-    started = time.time()
-    with pytest.raises(ringreduce.RingReduceError, match=STAGE_ERROR) as info:
-        for _ in range(OPS):
-            comm.all_reduce(torch.ones(NUMEL, device=dev))
-        comm.wait_idle()
-    faults.report(fault, dist.get_rank(), info.value, DEADLINE + SLACK,
-                  None if stamped else started)
-    message = str(info.value)
-    assert str(NUMEL) in message, message  # names the tensor size
-    with pytest.raises(ringreduce.RingReduceError, match="refuses new work"):
-        comm.all_reduce(torch.ones(10, device=dev))
-    closing = time.monotonic()
-    comm.close()  # after an abort: no collective destroy waiting for a dead peer
-    assert time.monotonic() - closing < SLACK
-    return message
 
 
 def _survivors_carry_on(rank: int, world: int, dev: torch.device) -> None:
@@ -104,43 +67,25 @@ def _survivors_carry_on(rank: int, world: int, dev: torch.device) -> None:
     faults.carry_on(rank, survivors, len(survivors), dev)
 
 
-def _leave() -> None:
-    """Exit without torch's own NCCL group teardown: with a dead or stopped peer that
-    teardown is torch's business (and may wait for it), not what these tests measure."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def _killed_worker(rank: int, world: int) -> None:
     dev = _device()
-    comm = _healthy(dev)
+    comm = healthy(dev)
     if rank == world - 1:
         for _ in range(OPS):
             comm.all_reduce(torch.ones(NUMEL, device=dev), async_op=True)
         time.sleep(0.02)  # the survivors' calls are now in flight
         faults.mark_fault()
         os.kill(os.getpid(), signal.SIGKILL)
-    _survive(comm, dev, "killed")
+    survive(comm, dev, "killed")
     _survivors_carry_on(rank, world, dev)
-    _leave()
-
-
-KILLED_UNDER_MPS = pytest.mark.skipif(
-    os.environ.get("RR_MPS") == "1",
-    reason="a client killed under CUDA MPS breaks the MPS server for every client of the GPU "
-           "(survivors: 'illegal memory access'; new clients: 'MPS server is not ready', error "
-           "807; benchmarks/results/2026-11-23-h200-clusters): run without MPS")
-"""CUDA MPS has limited error containment (NVIDIA's MPS guide): a client killed with
-work on the GPU takes the MPS server down for every client, so the killed-peer tests run
-without MPS (ranks time-sliced on one GPU, or on GPUs of their own)."""
+    leave()
 
 
 @KILLED_UNDER_MPS
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_rank_killed_mid_operation_becomes_an_error(machines: int, devices: int) -> None:
     world = machines * devices
-    run_test_ranks(_killed_worker, world, backend="nccl", env=_env_with_deadline(machines, devices),
+    run_test_ranks(_killed_worker, world, backend="nccl", env=env_with_deadline(machines, devices),
                    timeout=240, expect_exit={world - 1: -signal.SIGKILL})
 
 
@@ -150,41 +95,41 @@ def _absent_worker(rank: int, world: int, connected: bool) -> None:
     blocking NCCL communicators wait for that inside the call, on the host."""
     dev = _device()
     if connected:
-        comm = _healthy(dev)
+        comm = healthy(dev)
     else:
         faulthandler.dump_traceback_later(HANG_S, exit=True)
         comm = ringreduce.Communicator(min_bytes=0)
     if rank == world - 1:
         faulthandler.cancel_dump_traceback_later()  # idle by design, however long
         faults.meet("survived", world)  # alive until every survivor is through
-        _leave()  # its peers aborted the shared communicators: no teardown here
+        leave()  # its peers aborted the shared communicators: no teardown here
     started = time.monotonic()
-    message = _survive(comm, dev, "never calls" if connected else "absent at setup")
+    message = survive(comm, dev, "never calls" if connected else "absent at setup")
     assert "RINGREDUCE_TIMEOUT" in message, message  # the deadline fired, not an error
     assert time.monotonic() - started >= DEADLINE - 1
     _survivors_carry_on(rank, world, dev)
     faults.meet("survived", world)
-    _leave()
+    leave()
 
 
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_rank_that_never_calls_becomes_an_error(machines: int, devices: int) -> None:
     run_test_ranks(_absent_worker, machines * devices, True, backend="nccl",
-                   env=_env_with_deadline(machines, devices), timeout=240)
+                   env=env_with_deadline(machines, devices), timeout=240)
 
 
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_rank_absent_at_connection_setup_becomes_an_error(machines: int,
                                                               devices: int) -> None:
     run_test_ranks(_absent_worker, machines * devices, False, backend="nccl",
-                   env=_env_with_deadline(machines, devices), timeout=240)
+                   env=env_with_deadline(machines, devices), timeout=240)
 
 
 def _stopped_worker(rank: int, world: int) -> None:
     """The last rank stops (SIGSTOP) mid-operation and stays stopped past the deadline:
     its sockets stay open, only the deadline can tell. Rank 0 kills it at the end."""
     dev = _device()
-    comm = _healthy(dev)
+    comm = healthy(dev)
     if rank == world - 1:
         faults.store().set("stopped_pid", str(os.getpid()))
         for _ in range(OPS):
@@ -193,19 +138,19 @@ def _stopped_worker(rank: int, world: int) -> None:
         faults.mark_fault()
         os.kill(os.getpid(), signal.SIGSTOP)
         raise AssertionError("the stopped rank ran on: it should have been killed")
-    message = _survive(comm, dev, "stopped (SIGSTOP)", stamped=True)
+    message = survive(comm, dev, "stopped (SIGSTOP)", stamped=True)
     assert "RINGREDUCE_TIMEOUT" in message, message
     _survivors_carry_on(rank, world, dev)
     faults.meet("carried_on", world - 1)
     if rank == 0:
         os.kill(int(faults.store().get("stopped_pid").decode()), signal.SIGKILL)
-    _leave()
+    leave()
 
 
 @KILLED_UNDER_MPS  # the stopped rank is killed at the end, with its work on the GPU
 def test_gpu_rank_stopped_past_the_deadline_becomes_an_error() -> None:
     world = SMALL[0] * SMALL[1]
-    run_test_ranks(_stopped_worker, world, backend="nccl", env=_env_with_deadline(*SMALL),
+    run_test_ranks(_stopped_worker, world, backend="nccl", env=env_with_deadline(*SMALL),
                    timeout=240, expect_exit={world - 1: -signal.SIGKILL})
 
 
@@ -214,7 +159,7 @@ def _cut_worker(rank: int, world: int, link: netns.Link) -> None:
     cuts it while every rank has large calls in flight: no process dies, no socket
     closes, every rank is a survivor. The cable is mended, then all carry on."""
     dev = _device()
-    comm = _healthy(dev)
+    comm = healthy(dev)
     if rank == 0:
         for _ in range(OPS):
             comm.all_reduce(torch.ones(NUMEL, device=dev), async_op=True)
@@ -227,10 +172,10 @@ def _cut_worker(rank: int, world: int, link: netns.Link) -> None:
         comm.close()
         link.set("up")
     else:
-        _survive(comm, dev, "rail link cut", stamped=True)
+        survive(comm, dev, "rail link cut", stamped=True)
     faults.meet("mended", world)
     faults.carry_on(rank, range(world), SMALL[0], dev)
-    _leave()
+    leave()
 
 
 def test_gpu_rail_link_cut_mid_call_becomes_an_error() -> None:
@@ -239,7 +184,7 @@ def test_gpu_rail_link_cut_mid_call_becomes_an_error() -> None:
         pytest.skip(link)
     try:
         env = [{**e, **link.rank_env(r // SMALL[1])}
-               for r, e in enumerate(_env_with_deadline(*SMALL))]
+               for r, e in enumerate(env_with_deadline(*SMALL))]
         run_test_ranks(_cut_worker, SMALL[0] * SMALL[1], link, backend="nccl", env=env, timeout=240)
     finally:
         netns.remove(link)
@@ -265,7 +210,7 @@ rank 1 (the store checks pass both: the end-of-call check, or the deadline)."""
 def _mismatch_worker(rank: int, world: int, what: str, check: str,
                      machines: int = SMALL[0]) -> None:
     dev = _device()
-    comm = _healthy(dev)
+    comm = healthy(dev)
     wrong_kind = MISMATCHES[what]
     if check == "swap":  # every rank makes both calls once, in agreement
         for dtype, n in ((torch.float32, 1_000_000), wrong_kind):
@@ -302,7 +247,7 @@ def _mismatch_worker(rank: int, world: int, what: str, check: str,
                    ("RINGREDUCE_TIMEOUT", "NCCL", "ranks called different operations"))
         faults.meet("raised", world, DEADLINE + SLACK)
         faults.carry_on(rank, range(world), machines, dev)
-    _leave()
+    leave()
 
 
 @pytest.mark.parametrize("what,check", [
@@ -312,7 +257,7 @@ def _mismatch_worker(rank: int, world: int, what: str, check: str,
          "width-swap"])
 def test_gpu_mismatched_call_becomes_an_error(what: str, check: str) -> None:
     run_test_ranks(_mismatch_worker, SMALL[0] * SMALL[1], what, check, backend="nccl",
-                   env=_env_with_deadline(*SMALL, CHECKS[check]), timeout=240)
+                   env=env_with_deadline(*SMALL, CHECKS[check]), timeout=240)
 
 
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
@@ -320,18 +265,18 @@ def test_gpu_same_width_swap_is_named_at_every_topology(machines: int, devices: 
     """The end-of-call check's hops (inside the machine, then along the rail) reach
     every rank: each names both calls, whichever rank swapped."""
     run_test_ranks(_mismatch_worker, machines * devices, "width", "swap", machines,
-                   backend="nccl", env=_env_with_deadline(machines, devices, CHECKS["swap"]),
+                   backend="nccl", env=env_with_deadline(machines, devices, CHECKS["swap"]),
                    timeout=240)
 
 
 def _store_gone_worker(rank: int, world: int, server_pid: int, fresh: str) -> None:
     faults.store_gone(rank, world, server_pid, fresh, _device(), "nccl", DEADLINE + SLACK)
-    _leave()
+    leave()
 
 
 def test_gpu_store_gone_after_setup_is_no_hang_and_no_wrong_result() -> None:
     with faults.store_server() as (port, pid), tempfile.TemporaryDirectory() as folder:
         fresh = f"file://{os.path.join(folder, 'fresh')}"
         run_test_ranks(_store_gone_worker, SMALL[0] * SMALL[1], pid, fresh, backend="nccl",
-                       env=_env_with_deadline(*SMALL, {"RINGREDUCE_CHECK_NEW_CALLS": "1"}),
+                       env=env_with_deadline(*SMALL, {"RINGREDUCE_CHECK_NEW_CALLS": "1"}),
                        timeout=240, store=("127.0.0.1", port))

@@ -16,9 +16,9 @@ import importlib.util
 
 import pytest
 
+from .fsdp import worker
+from .gpu import GPUS, SMALL, gpu_env
 from .multiproc import run_test_ranks
-from .test_cpu_fsdp import worker
-from .test_gpu import GPUS, SMALL, _env
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,4 +31,4 @@ def test_gpu_fsdp_matches_plain_fsdp() -> None:
     machines, devices = SMALL
     run_test_ranks(worker, machines * devices, machines,
                    ("exact", "given", "compressed", "training"), "cuda", backend="nccl",
-                   env=_env(machines, devices), timeout=300)
+                   env=gpu_env(machines, devices), timeout=300)

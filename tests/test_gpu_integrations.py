@@ -3,8 +3,8 @@ on both routes against plain DDP, and PyTorch Lightning's ``DDPStrategy`` with
 ``ddp_comm_hook=ringreduce.ddp_hook`` against plain DDP (Lightning registers comm hooks
 only on CUDA, so this is the one place the setup can be checked).
 
-At 2 machines x 2 devices (ranks share GPUs where the host has fewer: tests/test_gpu.py's
-``_env``). Run with ``pytest -m gpu``; skipped without CUDA or nccl4py, the Lightning
+At 2 machines x 2 devices (ranks share GPUs where the host has fewer: tests/gpu.py's
+``gpu_env``). Run with ``pytest -m gpu``; skipped without CUDA or nccl4py, the Lightning
 test also without ``lightning``.
 """
 
@@ -22,13 +22,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
 
+from .gpu import GPU_MARKS, gpu_env
 from .multiproc import run_test_ranks
-from .test_cpu_api import model, train
-from .test_cpu_user_defects import check_big_gradients
-from .test_gpu import _env
-from .test_gpu import pytestmark as gpu_marks
+from .training import check_big_gradients, model, train
 
-pytestmark = gpu_marks
+pytestmark = GPU_MARKS
 MACHINES, DEVICES = 2, 2
 """Two devices per machine: the intra-machine reduce-scatter sums in the bucket's dtype,
 where fp16 overflowed; at 2 x 1 that stage is skipped and only the flat route could."""
@@ -48,11 +46,11 @@ def _fp16_hook_worker(rank: int, world: int, min_bytes: int | None, route: str) 
 def test_gpu_ddp_hook_fp16_gradients_match_plain_ddp_where_the_sum_overflows(
         min_bytes: int | None, route: str) -> None:
     run_test_ranks(_fp16_hook_worker, WORLD, min_bytes, route, backend="nccl",
-                   env=_env(MACHINES, DEVICES))
+                   env=gpu_env(MACHINES, DEVICES))
 
 
 def batches(rank: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The inputs test_cpu_api.train draws for ``rank``, one batch per step."""
+    """The inputs training.train draws for ``rank``, one batch per step."""
     out = []
     for step in range(STEPS):
         g = torch.Generator().manual_seed(1000 * rank + step)
@@ -79,7 +77,7 @@ def _lightning() -> tuple[Any, Any, Any]:
 
 
 def lightning_module(net: nn.Module) -> Any:
-    """test_cpu_api.train's step as a LightningModule (defined here: the module must
+    """training.train's step as a LightningModule (defined here: the module must
     import where lightning is absent)."""
     pl, _, _ = _lightning()
 
@@ -107,7 +105,7 @@ def _lightning_worker(rank: int, world: int) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     reference = train(DDP(model().to(dev), bucket_cap_mb=0.01), rank, STEPS, dev)
     os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0")
-    devices = [torch.device("cuda", int(e["RR_TEST_DEVICE"])) for e in _env(MACHINES, DEVICES)]
+    devices = [torch.device("cuda", int(e["RR_TEST_DEVICE"])) for e in gpu_env(MACHINES, DEVICES)]
     with ringreduce.Communicator(machines=MACHINES, min_bytes=0, slice_bytes=4096) as comm, \
             tempfile.TemporaryDirectory() as root:
         strategy = DDPStrategy(ddp_comm_state=comm, ddp_comm_hook=ringreduce.ddp_hook,
@@ -131,5 +129,5 @@ def _lightning_worker(rank: int, world: int) -> None:
                     and importlib.util.find_spec("pytorch_lightning") is None,
                     reason="needs PyTorch Lightning (pip install lightning)")
 def test_gpu_lightning_ddp_strategy_with_the_hook_matches_plain_ddp() -> None:
-    run_test_ranks(_lightning_worker, WORLD, backend="nccl", env=_env(MACHINES, DEVICES),
+    run_test_ranks(_lightning_worker, WORLD, backend="nccl", env=gpu_env(MACHINES, DEVICES),
                    timeout=300)

@@ -1,13 +1,12 @@
 """The native issuer's CPU-side parts (native/issuer.cpp as ringreduce._native): it is
 built wherever a C++ compiler is, programs are encoded and validated as native.py
-writes them, and the worker's queue keeps order, reports the first failure, drains,
-stops and closes. NOP and FAIL are the test-only instructions; the CUDA instructions
-run in tests/test_native_cuda.py."""
+writes them, and the issuer runs jobs on the calling thread one at a time per process,
+reports the first failure, stops and closes. NOP and FAIL are the test-only
+instructions; the CUDA instructions run in tests/test_native_cuda.py."""
 
 from __future__ import annotations
 
 import functools
-import itertools
 import shutil
 import struct
 import subprocess
@@ -15,7 +14,6 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,14 +23,12 @@ import torch
 
 from ringreduce import info
 from ringreduce.config import Config
-from ringreduce.errors import RingReduceError
 from ringreduce.execution import call_check, kernels, native, recording
 from ringreduce.execution.call_check import DeviceCallCheck
 from ringreduce.execution.kernels import Kernels
 from ringreduce.execution.pipeline import Buffers, run_waves
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import layout, schedule, topology
-from ringreduce.safety.flight import Record
 
 _native, WHY = native.extension()
 built = pytest.mark.skipif(_native is None, reason=f"no extension: {WHY}")
@@ -105,36 +101,27 @@ def test_a_cpu_issuer_refuses_cuda_programs() -> None:
     issuer = _native.Issuer()
     try:
         with pytest.raises(ValueError, match="without libcuda"):
-            issuer.submit(_native.Program(_instr("write_flag"), b"", 0), 0, 0)
+            issuer.run(_native.Program(_instr("write_flag"), b"", 0), 0, 0)
     finally:
         issuer.close()
 
 
-@built
-def test_the_worker_issues_in_order_without_the_caller_waiting() -> None:
-    issuer = _native.Issuer()
-    slow = _native.Program(_instr("nop", NOP_US) * 5, b"", 0)  # 10 ms a job
+def _in_thread(call: Any) -> threading.Thread:
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread
+
+
+def _until(check: Any, timeout_s: float = 5.0) -> None:
     started = time.perf_counter()
-    seqs = [issuer.submit(slow, 0, 0) for _ in range(10)]
-    submitted = time.perf_counter() - started
-    assert seqs == list(range(1, 11))
-    assert submitted < 0.05, f"submit blocked the caller for {submitted:.3f} s"
-    assert issuer.state(10) == 0  # 100 ms of queued work is not done yet
-    busy = issuer.counters()  # where the worker is: what a deadline error reports
-    while busy["at_op"] == "-" and time.perf_counter() - started < 5.0:  # not started yet
-        busy = issuer.counters()
-    assert busy["at_op"] == "nop" and 1 <= busy["at_job"] <= 10, busy
-    assert 0 <= busy["at_instruction"] < 5 and busy["issued"] < 10, busy
-    assert issuer.drain(30.0)
-    assert [issuer.state(s) for s in seqs] == [1] * 10
-    idle = issuer.counters()
-    assert idle["issued"] == 10 and idle["at_op"] == "-" and issuer.error() is None, idle
-    issuer.close()
+    while not check():
+        assert time.perf_counter() - started < timeout_s, "timed out"
+        time.sleep(0.001)
 
 
 @built
 def test_run_issues_on_the_calling_thread_before_it_returns() -> None:
-    """The "native" issuer: Issuer.run replays the job here, not on the worker."""
+    """The "native" issuer: Issuer.run replays the job here, before it returns."""
     issuer = _native.Issuer()
     slow = _native.Program(_instr("nop", NOP_US), b"", 0)  # 2 ms
     started = time.perf_counter()
@@ -143,78 +130,68 @@ def test_run_issues_on_the_calling_thread_before_it_returns() -> None:
     assert seq == 1 and took >= NOP_US / 1e6, f"run returned after {took:.4f} s"
     assert issuer.state(1) == 1 and issuer.counters()["issued"] == 1
     assert issuer.events(1) is None  # no CUDA events here (a deadline error says so)
-    assert issuer.run(slow, 0, 0) == 2  # one sequence with submitted jobs
-    issuer.submit(_native.Program(_instr("nop", 200 * NOP_US), b"", 0), 0, 0)
-    with pytest.raises(RuntimeError, match="while submitted jobs are queued: drain"):
-        issuer.run(slow, 0, 0)  # it would overtake the queue
-    assert issuer.drain(30.0) and issuer.run(slow, 0, 0) == 4
+    assert issuer.run(slow, 0, 0) == 2 and issuer.state(2) == 1
     bad = _native.Program(_instr("fail", stage=1), b"", 0)
-    assert issuer.run(bad, 0, 0) == 5 and issuer.error()[:3] == (5, 1, 0)
+    assert issuer.run(bad, 0, 0) == 3 and issuer.error()[:3] == (3, 1, 0)
+    issuer.close()
+
+
+@built
+def test_counters_say_which_job_and_instruction_is_being_issued() -> None:
+    """What a deadline error reports (native.Completion.progress) while a job is being
+    issued on another thread: its number, instruction and op; idle once it returned."""
+    issuer = _native.Issuer()
+    slow = _native.Program(_instr("nop", NOP_US) * 50, b"", 0)  # 100 ms
+    thread = _in_thread(lambda: issuer.run(slow, 0, 0))
+    _until(lambda: issuer.counters()["at_op"] != "-")
+    busy = issuer.counters()
+    assert busy["at_op"] == "nop" and busy["at_job"] == 1, busy
+    assert 0 <= busy["at_instruction"] < 50 and busy["submitted"] == 1, busy
+    assert busy["issued"] == 0 and issuer.state(1) == 0, busy
+    thread.join()
+    idle = issuer.counters()
+    assert idle["issued"] == 1 and idle["at_op"] == "-" and issuer.error() is None, idle
     issuer.close()
 
 
 @built
 def test_a_job_may_follow_only_a_job_already_submitted() -> None:
     """``after`` (a job on the same memory that this one follows on the device, the
-    wait added by the issuing thread) must name a job already submitted: one issuing
-    order guarantees its done event is recorded before this job's entry wait. Anything
-    else is refused before the job is queued, and the numbering is unchanged."""
+    wait added by the issuing thread) must name a job already run: its done event is
+    recorded before this job's entry wait then. Anything else is refused before the job
+    is issued, and the numbering is unchanged."""
     issuer = _native.Issuer()
     nop = _native.Program(_instr("nop", 0), b"", 0)
-    assert issuer.submit(nop, 0, 0) == 1
-    assert issuer.submit(nop, 0, 0, 1) == 2  # follows job 1
-    issuer.drain(30.0)
+    assert issuer.run(nop, 0, 0) == 1
+    assert issuer.run(nop, 0, 0, 1) == 2  # follows job 1
     assert issuer.run(nop, 0, 0, 2) == 3
     for bad in (4, 99, 2**32 + 1):
         with pytest.raises(ValueError, match=f"after={bad} is not a submitted job"):
-            issuer.submit(nop, 0, 0, bad)
+            issuer.run(nop, 0, 0, bad)
     with pytest.raises(ValueError, match=r"after=4 is not a submitted job \(the last is 3\)"):
         issuer.run(nop, 0, 0, 4)
-    assert issuer.drain(30.0) and issuer.counters()["submitted"] == 3
-    assert issuer.error() is None
+    assert issuer.counters()["submitted"] == 3 and issuer.error() is None
     issuer.close()
 
 
 @built
-def test_issuers_of_one_process_issue_in_one_order() -> None:
-    """Jobs of different Issuers (Communicators) are issued in the order they were
-    submitted or run, across Issuers: NCCL kernels of different communicators must
-    reach the device in one order on every rank. A later Issuer's job waits for an
-    earlier one's; drain() on any Issuer waits for every Issuer's jobs."""
+def test_issuers_of_one_process_issue_one_job_at_a_time() -> None:
+    """Jobs of different Issuers (Communicators) run from two threads are issued one
+    after the other, never at once: NCCL kernels of different communicators must reach
+    the device in one order on every rank, and two threads issuing on communicators of
+    one device at once hang."""
     first, second = _native.Issuer(), _native.Issuer()
     slow = _native.Program(_instr("nop", 100 * NOP_US), b"", 0)  # 200 ms
     quick = _native.Program(_instr("nop", 0), b"", 0)
-    started = time.perf_counter()
-    first.submit(slow, 0, 0)
-    second.submit(quick, 0, 0)
-    time.sleep(0.05)
-    assert second.counters()["issued"] == 0, "the later job overtook the earlier Issuer's"
-    assert not second.drain(0.01), "drain() returned while another Issuer's job is queued"
-    assert second.drain(30.0) and first.counters()["issued"] == 1
-    assert second.counters()["issued"] == 1
-    assert time.perf_counter() - started >= 100 * NOP_US / 1e6
-    first.submit(slow, 0, 0)
+    thread = _in_thread(lambda: first.run(slow, 0, 0))
+    _until(lambda: first.counters()["at_op"] == "nop")
     began = time.perf_counter()
-    assert second.run(quick, 0, 0) == 2  # inline, yet after the earlier queued job
-    assert time.perf_counter() - began >= 0.9 * 100 * NOP_US / 1e6
-    assert first.counters()["issued"] == 2
+    assert second.run(quick, 0, 0) == 1  # waits for the other thread's job
+    assert first.counters()["issued"] == 1, "the second job was issued beside the first"
+    assert time.perf_counter() - began >= 0.5 * 100 * NOP_US / 1e6
+    thread.join()
     first.close()
     second.close()
-
-
-@built
-def test_op_times_say_where_host_time_goes_and_reset() -> None:
-    """What issue 18's profile of the remaining host time reads: instructions and host
-    time per kind of instruction, summed over jobs until reset."""
-    issuer = _native.Issuer()
-    job = _native.Program(_instr("nop", NOP_US) * 2 + _instr("nop", 0), b"", 0)
-    issuer.run(job, 0, 0)
-    issuer.run(job, 0, 0)
-    calls, ns = issuer.op_times()["nop"]
-    assert calls == 6 and ns >= 4 * NOP_US * 1000, (calls, ns)
-    assert set(issuer.op_times(True)) == {"nop"}  # only kinds that ran are listed
-    assert issuer.op_times() == {}
-    issuer.close()
 
 
 @built
@@ -222,45 +199,40 @@ def test_a_failure_is_kept_with_its_job_stage_and_instruction_and_poisons_later_
     issuer = _native.Issuer()
     ok = _native.Program(_instr("nop"), b"", 0)
     bad = _native.Program(_instr("nop") + _instr("fail", stage=2), b"", 0)
-    issuer.submit(ok, 0, 0)
-    issuer.submit(bad, 0, 0)
-    issuer.submit(ok, 0, 0)
-    assert issuer.drain(10.0)
+    assert [issuer.run(p, 0, 0) for p in (ok, bad, ok)] == [1, 2, 3]
     seq, stage, index, message = issuer.error()
     assert (seq, stage, index) == (2, 2, 1) and "planted failure" in message
     assert issuer.state(1) == -1 and issuer.state(3) == -1  # the communicator is poisoned
+    assert issuer.counters()["issued"] == 3  # counted: its flag written, none of its work
     issuer.close()
 
 
 @built
-def test_stop_ends_issue_and_close_joins_with_work_queued() -> None:
+def test_stop_ends_a_job_being_issued_and_close_refuses_more() -> None:
+    """A failure (the watchdog's thread) stops the issuing thread at its next
+    instruction: stop() returns once it is outside every call, the job ends early with
+    the abort as its error, and a closed issuer refuses jobs."""
     issuer = _native.Issuer()
-    slow = _native.Program(_instr("nop", NOP_US) * 50, b"", 0)  # 100 ms
-    for _ in range(20):  # 2 s if it were all issued
-        issuer.submit(slow, 0, 0)
-    assert issuer.stop(5.0)  # the worker is outside any call now
+    slow = _native.Program(_instr("nop", NOP_US) * 1000, b"", 0)  # 2 s if all issued
     started = time.perf_counter()
-    issuer.close()  # the rest only has its flags written (none here): quick
-    assert time.perf_counter() - started < 1.0
-    seq, _, _, message = issuer.error()
-    assert "communicators are aborted" in message and seq >= 1
-    with pytest.raises(RuntimeError, match="closed"):
-        issuer.submit(slow, 0, 0)
-
-
-@built
-def test_drain_times_out_instead_of_hanging() -> None:
-    issuer = _native.Issuer()
-    issuer.submit(_native.Program(_instr("nop", 300_000), b"", 0), 0, 0)
-    assert issuer.drain(0.01) is False
-    assert issuer.drain(10.0) is True
+    thread = _in_thread(lambda: issuer.run(slow, 0, 0))
+    _until(lambda: issuer.counters()["at_op"] == "nop")
+    assert issuer.stop(5.0)  # the issuing thread is outside any call now
+    thread.join()
+    assert time.perf_counter() - started < 1.0  # it left the job at the poison
+    seq, _, index, message = issuer.error()
+    assert "communicators are aborted" in message and seq == 1 and 0 <= index < 1000
+    assert issuer.state(1) == -1 and issuer.counters()["issued"] == 1
     issuer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        issuer.run(slow, 0, 0)
 
 
 def test_the_issuer_setting_is_validated_and_reported() -> None:
     with pytest.raises(ValueError, match="issuer='fast' is not supported"):
         Config(issuer="fast")
-    assert Config(issuer="native-async").issuer == "native-async"
+    with pytest.raises(ValueError, match="issuer='native-async' is not supported"):
+        Config(issuer="native-async")  # removed (issue 36): the caller's thread issues
     assert Config.from_env(issuer="python").issuer == "python"
     report = "\n".join(info.lines(Config(issuer="python")))
     assert "issuer for a CUDA call: python (issuer='python'" in report
@@ -271,46 +243,6 @@ def test_the_issuer_setting_is_validated_and_reported() -> None:
     if _native is None:
         assert "issuer for a CUDA call: python (ringreduce._native is not built" in \
             "\n".join(info.lines(Config(issuer="native")))
-
-
-def test_issue_probes_are_a_validated_setting_and_inert_without_cuda(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ValueError, match="issue_probes=-1 must be a non-negative int"):
-        Config(issue_probes=-1)
-    monkeypatch.setenv("RINGREDUCE_ISSUE_PROBES", "512")
-    assert Config.from_env().issue_probes == 512
-    if _native is None:
-        return
-    issuer = _native.Issuer()  # no CUDA: nothing to record, nothing to report
-    issuer.enable_probes(512)
-    job = issuer.submit(_native.Program(_instr("nop", 0), b"", 0), 0, 0)
-    assert issuer.wait_issued(job, 10.0)
-    assert issuer.probe(job) is None
-    issuer.close()
-
-
-def test_probe_text_names_per_stream_the_first_instruction_not_passed() -> None:
-    """What a deadline error says with RINGREDUCE_ISSUE_PROBES set (native.py), from rows
-    as Issuer.probe returns them: (instruction, op, stage, stream, reached, a1)."""
-    collect, add, diffuse, done = 0xC0, 0xAD, 0xD1, 0xD0
-    rows = [(0, "wait_event", 0, collect, 1, 0), (1, "record_event", 0, collect, 1, 0xE1),
-            (3, "send", 0, collect, 0, 0), (4, "recv", 0, collect, 0, 0),
-            (5, "record_event", 0, collect, 0, 0xE2), (6, "wait_event", 1, add, 0, 0xE2),
-            (7, "launch", 1, add, 0, 0), (8, "wait_event", 2, diffuse, 0, 0xE9),
-            (9, "write_flag", 2, diffuse, 0, 0)]
-    streams = {name: SimpleNamespace(cuda_stream=h)
-               for name, h in (("collect", collect), ("add", add), ("diffuse", diffuse))}
-    issuer = SimpleNamespace(worker=SimpleNamespace(probe=lambda seq: rows if seq == 7 else None),
-                             res=SimpleNamespace(sync=SimpleNamespace(streams=streams)),
-                             _done_handle=done, _waits_on=native.NativeIssuer._waits_on)
-    text = native.NativeIssuer.probe_text(issuer, 7)  # type: ignore[arg-type]
-    assert text == ("; probes: collect at #3 send (2 passed); "
-                    "add at #6 wait_event (recorded by #5 on collect) (0 passed); "
-                    "diffuse at #8 wait_event (recorded by an earlier job) (0 passed)")
-    assert native.NativeIssuer.probe_text(issuer, 8) == ""  # type: ignore[arg-type]
-    rows[:] = [(0, "wait_event", 0, collect, 1, 0)]
-    assert native.NativeIssuer.probe_text(issuer, 7) == \
-        "; probes: every instruction passed"  # type: ignore[arg-type]
 
 
 def test_info_says_whether_nccl_starts_kernels_in_issue_order() -> None:
@@ -387,7 +319,7 @@ def _communicator_parts(rank: int, machines: int = 2,
 def _call_check(rank: int, machines: int, devices: int) -> DeviceCallCheck:
     """The communicator's end-of-call check (CPU memory: only traced, never run)."""
     int64 = torch.int64
-    return DeviceCallCheck(call_check.hops(devices, machines, "stages"),
+    return DeviceCallCheck(call_check.hops(devices, machines),
                            torch.zeros(2, dtype=int64), torch.zeros(2, dtype=int64),
                            torch.zeros(4, dtype=int64), REPORT)
 
@@ -411,8 +343,7 @@ def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
     check = _call_check(rank, machines, devices)
     ctx = SimpleNamespace(topo=topo, buffers=buffers, kernels=kernels, wire=wire, record=None,
                           op_number=1, sync=recording.RecordedStreams(real, rec), check=check,
-                          transport=NcclTransport(topo, comms, 1.0, True,
-                                                  kernels if real_kernels else None,
+                          transport=NcclTransport(topo, comms, kernels if real_kernels else None,
                                                   calls=recording.RecordedNccl(rec)))
     run_waves(waves, t, plans, "sum", ctx)
     rec.emit("write_flag")
@@ -459,189 +390,41 @@ def test_a_traced_call_is_the_plans_operations_and_independent_of_the_tensors_ad
     assert bytes(other.code) != bytes(rec.code)
 
 
-
-@built
-def test_wait_issued_returns_once_the_worker_issued_that_job() -> None:
-    issuer = _native.Issuer()
-    slow = _native.Program(_instr("nop", 100_000), b"", 0)  # 100 ms a job
-    first, second = issuer.submit(slow, 0, 0), issuer.submit(slow, 0, 0)
-    assert issuer.wait_issued(second, 0.0) is False  # nothing issued yet
-    started = time.perf_counter()
-    assert issuer.wait_issued(first, 10.0) is True
-    assert issuer.state(first) == 1 and issuer.state(second) == 0
-    assert issuer.wait_issued(second, 10.0) is True
-    assert time.perf_counter() - started >= 0.15  # it waited for both jobs, in order
-    issuer.close()
-
-
-@built
-def test_follow_waits_for_the_issue_and_refuses_failed_jobs() -> None:
-    """The completer's one call per Future: 0 while the job is not issued (after its
-    timeout), 1 once it is (the stream would now wait for its done event), -1 for the
-    failed job and every one after it, none of them followed."""
-    issuer = _native.Issuer()
-    slow = _native.Program(_instr("nop", 100_000), b"", 0)  # 100 ms a job
-    bad = _native.Program(_instr("fail", stage=1), b"", 0)
-    first, second, third = (issuer.submit(p, 0, 0) for p in (slow, bad, slow))
-    assert issuer.follow(0, first, 0.0) == 0  # not issued yet
-    assert issuer.follow(0, first, 10.0) == 1
-    assert issuer.follow(0, second, 10.0) == -1 and issuer.error()[:2] == (2, 1)
-    assert issuer.follow(0, third) == -1  # no timeout: until issued
-    assert issuer.follow(0, first, 0.0) == 1  # jobs before the failure still completed
-    issuer.close()
-
-
-@built
-def test_follow_covers_every_issued_job_up_to_last_and_stops_before_a_failure() -> None:
-    """The completer's batches: one follow for the Futures queued together counts the
-    jobs from ``seq`` that are issued (up to ``last``), never past a failed one."""
-    issuer = _native.Issuer()
-    fast = _native.Program(_instr("nop", 0), b"", 0)
-    slow = _native.Program(_instr("nop", 300_000), b"", 0)  # 300 ms a job
-    bad = _native.Program(_instr("fail", stage=1), b"", 0)
-    jobs = [issuer.submit(p, 0, 0) for p in (fast, fast, fast, slow, bad, fast)]
-    assert issuer.wait_issued(jobs[2], 10.0)
-    assert issuer.follow(0, jobs[0], 10.0, jobs[5]) in (3, 4)  # the slow one may be done
-    assert issuer.follow(0, jobs[1], 10.0, jobs[1]) == 1  # never past last
-    assert issuer.follow(0, jobs[1], 10.0, jobs[0]) == 1  # a last before seq: seq alone
-    assert issuer.wait_issued(jobs[5], 10.0)
-    assert issuer.follow(0, jobs[0], 0.0, jobs[5]) == 4  # stops before the failed job
-    assert issuer.follow(0, jobs[4], 0.0, jobs[5]) == -1
-    assert issuer.follow(0, jobs[5], 0.0, jobs[5]) == -1  # and after it
-    issuer.close()
-
-
-@built
-def test_follow_waits_for_the_callers_quiet_but_no_longer_than_the_delay() -> None:
-    """With quiet_s, follow returns once the process submitted no job for that long, to
-    any Issuer, or max_delay_s after the job was issued while jobs keep coming (the
-    completer stays off the GIL while the caller makes calls)."""
-    issuer = _native.Issuer()
-    nop = _native.Program(_instr("nop", 0), b"", 0)
-    submitted = time.perf_counter()
-    first = issuer.submit(nop, 0, 0)
-    assert issuer.wait_issued(first, 10.0)
-    assert issuer.follow(0, first, 10.0, first, 0.2, 5.0) == 1  # quiet 0.2 s after submit
-    assert 0.19 <= time.perf_counter() - submitted < 4.0
-
-    stop = threading.Event()
-    other = _native.Issuer()  # another Communicator's
-
-    def submitting() -> None:  # a caller that keeps making calls, every 20 ms
-        for i in itertools.count():
-            if stop.wait(0.02):
-                return
-            (issuer if i % 2 else other).submit(nop, 0, 0)
-
-    caller = threading.Thread(target=submitting)
-    caller.start()
-    try:
-        second = issuer.submit(nop, 0, 0)
-        started = time.perf_counter()
-        n = issuer.follow(0, second, 10.0, second + 1000, 0.5, 0.3)
-        waited = time.perf_counter() - started
-    finally:
-        stop.set()
-        caller.join()
-    assert 0.29 <= waited < 1.5, waited  # the delay, not the quiet the caller never left
-    assert n >= 2  # jobs submitted while it waited, and issued, are covered too
-    issuer.close()
-    other.close()
-
-
-def _completer(issuer: Any, failed: Callable[[], bool] = lambda: False) -> native.Completer:
-    """native-async's completer over a CPU Issuer: no stream to wait on, no setup."""
-    return native.Completer(issuer, 0, failed,
-                            lambda record: f"job failed (operation #{record.op_number})",
-                            lambda: None)
-
-
-def _queued(completer: native.Completer, seq: int, value: float) -> Any:
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    record = Record(seq, 1, "torch.float32", "sum", "hierarchical (native-async)")
-    completer.put((seq, fut, torch.tensor([value]), record))
-    return fut
-
-
-@built
-def test_the_completer_completes_each_future_with_its_tensor_once_issued() -> None:
-    """Futures complete in job order with their own tensors, none before its job is
-    issued; a failed job's Future and every later one get the RingReduceError naming
-    the operation, earlier ones their results; close() completes whatever is left."""
-    issuer = _native.Issuer()
-    slow = _native.Program(_instr("nop", 1_000_000), b"", 0)  # 1 s a job
-    fast = _native.Program(_instr("nop", 0), b"", 0)
-    bad = _native.Program(_instr("fail", stage=1), b"", 0)
-    completer = _completer(issuer)
-    jobs = [issuer.submit(p, 0, 0) for p in (slow, fast, fast, bad, fast)]
-    futs = [_queued(completer, seq, float(i)) for i, seq in enumerate(jobs)]
-    time.sleep(0.1)
-    assert not any(f.done() for f in futs)  # the first job is still being issued
-    for i in range(3):
-        assert futs[i].wait().item() == float(i)
-    for i in (3, 4):
-        with pytest.raises(RingReduceError, match=f"operation #{jobs[i]}"):
-            futs[i].wait()
-    late = issuer.submit(fast, 0, 0)
-    assert late == jobs[-1] + 1
-    last = _queued(completer, late, 9.0)
-    issuer.close()
-    completer.close()
-    with pytest.raises(RingReduceError):  # issued after the failure: refused
-        last.wait()
-
-
-@built
-def test_the_completer_gives_up_when_the_communicator_fails() -> None:
-    """A job the worker never issues (stuck, as inside NCCL for a dead peer) leaves its
-    Future to the communicator's failure: the completer looks again after each poll and
-    raises once ``failed()``, not never."""
-    issuer = _native.Issuer()
-    stuck = _native.Program(_instr("nop", 3_000_000), b"", 0)  # 3 s
-    failed = threading.Event()
-    completer = _completer(issuer, failed.is_set)
-    fut = _queued(completer, issuer.submit(stuck, 0, 0), 1.0)
-    time.sleep(0.3)
-    assert not fut.done()
-    started = time.perf_counter()
-    failed.set()
-    with pytest.raises(RingReduceError, match="operation #1"):
-        fut.wait()
-    assert time.perf_counter() - started < 1.5  # within a few polls, not the job's 3 s
-    issuer.close()
-    completer.close()
-
-
 _GIL_AND_LOCK = """
-import threading
+import struct, threading
 from ringreduce.execution import native
-issuer = native.extension()[0].Issuer()
+module = native.extension()[0]
+issuer = module.Issuer()
+bad = module.Program(struct.pack("<9q", module.OPS["fail"], 0, 0, 0, 0, 0, 0, 0, 0), b"", 0)
+nop = module.Program(struct.pack("<9q", module.OPS["nop"], 0, 0, 0, 0, 0, 0, 0, 0), b"", 0)
 stop = False
-def waiter():  # as the completer and a synchronous caller: short timed waits
+def caller():  # jobs run without the GIL, taking the issuer's locks (a failure: its own)
+    issuer.run(bad, 0, 0)
     while not stop:
-        issuer.wait_issued(1, 0.0)
-waiting = threading.Thread(target=waiter)
-waiting.start()
-for _ in range(300_000):  # as the watchdog: state() under the GIL
+        issuer.run(nop, 0, 0)
+calling = threading.Thread(target=caller)
+calling.start()
+for _ in range(300_000):  # as the watchdog: state() and error() under the GIL
     issuer.state(1)
+    issuer.error()
 stop = True
-waiting.join()
+calling.join()
 print("no deadlock")
 """
 
 
 @built
-def test_a_timed_wait_never_holds_the_lock_while_taking_the_gil_back() -> None:
-    """native-async's hang (benchmarks/results/2026-11-25-h200-worker-hang): a wait that
-    timed out took the GIL back still holding the issuer's lock, while a thread with the
-    GIL (the watchdog's state()) waited for that lock. On the build before the fix this
-    child deadlocked every time within a second; a child process, so a regression fails
-    this test at its timeout instead of hanging the suite."""
+def test_run_never_holds_a_lock_while_taking_the_gil_back() -> None:
+    """native-async's hang (benchmarks/results/2026-11-25-h200-worker-hang): a wait took
+    the GIL back still holding the issuer's lock, while a thread with the GIL (the
+    watchdog's state()) waited for that lock. run takes the issuer's locks without the
+    GIL and gives them back before it takes the GIL again; a child process, so a
+    regression fails this test at its timeout instead of hanging the suite."""
     try:
         done = subprocess.run([sys.executable, "-c", _GIL_AND_LOCK], capture_output=True,
                               text=True, timeout=60)
     except subprocess.TimeoutExpired:
-        pytest.fail("wait_issued() and state() on two threads deadlocked (GIL against the "
+        pytest.fail("run() and state()/error() on two threads deadlocked (GIL against the "
                     "issuer's lock)")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "no deadlock"

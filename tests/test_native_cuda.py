@@ -1,6 +1,7 @@
 """GPU tests of the native issuer (ringreduce/execution/native.py, native/issuer.cpp): exact
 against the Python issuer and NCCL on the sweep (dtypes, ops, padding, wire format),
-asynchronous futures, and a killed peer still a RingReduceError within the deadline.
+asynchronous futures, two Communicators in one process, DDP's hook, and a killed peer
+still a RingReduceError within the deadline.
 
 One GPU suffices: the topologies of ``RINGREDUCE_GPU_TOPOLOGIES`` (test_gpu.py), ranks
 sharing the GPU (under MPS, except the killed-peer test). Run with ``pytest -m gpu``;
@@ -28,19 +29,15 @@ from ringreduce.execution import native
 
 from . import faults
 from .cases import check_equal, expected, interleaved, rank_input, sizes_for, sweep
+from .gpu import GPU_MARKS as gpu_marks
+from .gpu import IDS, KILLED_UNDER_MPS, NUMEL, OPS, TOPOLOGIES
+from .gpu import env_with_deadline as _env_with_deadline
+from .gpu import gpu_env as _env
+from .gpu import healthy as _healthy
+from .gpu import leave as _leave
+from .gpu import survive as _survive
 from .multiproc import run_test_ranks
-from .test_cpu_api import model, train
-from .test_gpu import IDS, TOPOLOGIES, _env
-from .test_gpu import pytestmark as gpu_marks
-from .test_gpu_faults import (
-    KILLED_UNDER_MPS,
-    NUMEL,
-    OPS,
-    _env_with_deadline,
-    _healthy,
-    _leave,
-    _survive,
-)
+from .training import model, train
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [
@@ -48,7 +45,7 @@ pytestmark = [
     pytest.mark.skipif(native.extension()[0] is None, reason="ringreduce._native not built"),
 ]
 HANG_S = 60.0
-"""A worker still running after this prints its issuer's counters and every Python
+"""A rank still running after this prints its issuer's counters and every Python
 thread's stack, so a hang on the GPU machine leaves the evidence behind."""
 
 
@@ -94,12 +91,10 @@ def _async_worker(rank: int, world: int, issuer: str) -> None:
         assert comm.wait_idle(60.0)
 
 
-@pytest.mark.parametrize("issuer", ["native", "native-async"])
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
-def test_gpu_native_futures_order_the_callers_stream(machines: int, devices: int,
-                                                     issuer: str) -> None:
-    run_test_ranks(_async_worker, machines * devices, issuer, backend="nccl",
-                   env=_with_issuer(_env(machines, devices), issuer), timeout=HANG_S + 40)
+def test_gpu_native_futures_order_the_callers_stream(machines: int, devices: int) -> None:
+    run_test_ranks(_async_worker, machines * devices, "native", backend="nccl",
+                   env=_with_issuer(_env(machines, devices), "native"), timeout=HANG_S + 40)
 
 
 def _issue_order_worker(rank: int, world: int) -> None:
@@ -126,7 +121,7 @@ def _issue_order_worker(rank: int, world: int) -> None:
         assert comm.wait_idle(60.0)
 
 
-@pytest.mark.parametrize("issuer", ["native", "native-async", "python"])
+@pytest.mark.parametrize("issuer", ["native", "python"])
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_calls_on_one_tensor_run_in_issue_order(machines: int, devices: int,
                                                      issuer: str) -> None:
@@ -135,17 +130,19 @@ def test_gpu_calls_on_one_tensor_run_in_issue_order(machines: int, devices: int,
 
 
 def _two_communicators_worker(rank: int, world: int) -> None:
-    """Two native-async Communicators with calls queued on both at once: their workers
-    issue in the one order of the calls (issuer.cpp's tickets). Issued independently,
-    each rank's NCCL kernels of the two reached the device in different orders and
-    waited for each other: a hang at 2x2 (results 2026-11-25-h100-caller-time, run 41)."""
+    """Two Communicators with native issuers, asynchronous calls alternating between
+    them with several in flight: each issuer's jobs, flags and done events are its own,
+    and every Future orders its tensor. (With native-async's worker threads, each
+    issuing on its own, the NCCL kernels of the two reached the device in different
+    orders and waited for each other: a hang at 2x2, results
+    2026-11-25-h100-caller-time, run 41.)"""
     dev = torch.device("cuda", torch.cuda.current_device())
     n = (3 << 20) + 7  # several 4 MiB slices
     with ringreduce.Communicator(min_bytes=0) as first, \
             ringreduce.Communicator(min_bytes=0, slice_bytes=8 << 20) as second, \
             _diagnosed(first, rank):
         for comm in (first, second):
-            assert comm.describe().endswith("issuer=native-async"), comm.describe()
+            assert comm.describe().endswith("issuer=native"), comm.describe()
             comm.all_reduce(rank_input(rank, n, torch.float32, dev))  # traced: issued from Python
         for round_ in range(3):
             tensors = [rank_input(rank, n, torch.float32, dev, salt=s) for s in range(8)]
@@ -159,18 +156,16 @@ def _two_communicators_worker(rank: int, world: int) -> None:
 
 
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
-def test_gpu_two_native_async_communicators_issue_in_one_order(machines: int,
-                                                               devices: int) -> None:
+def test_gpu_two_native_communicators_in_one_process(machines: int, devices: int) -> None:
     run_test_ranks(_two_communicators_worker, machines * devices, backend="nccl",
-                   env=_with_issuer(_env(machines, devices), "native-async"),
-                   timeout=HANG_S + 40)
+                   env=_with_issuer(_env(machines, devices), "native"), timeout=HANG_S + 40)
 
 
-def _killed_worker(rank: int, world: int, issuer: str) -> None:
+def _killed_worker(rank: int, world: int) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     comm = _healthy(dev)
-    assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
-    for _ in range(2):  # the next calls of this size are issued by the worker
+    assert comm.describe().endswith("issuer=native"), comm.describe()
+    for _ in range(2):  # the next calls of this size replay the traced program
         comm.all_reduce(torch.ones(NUMEL, device=dev))
     comm.wait_idle()
     if rank == world - 1:
@@ -184,19 +179,17 @@ def _killed_worker(rank: int, world: int, issuer: str) -> None:
 
 
 @KILLED_UNDER_MPS
-@pytest.mark.parametrize("issuer", ["native", "native-async"])
-def test_gpu_native_issuer_killed_peer_becomes_an_error_within_the_deadline(issuer: str) -> None:
-    run_test_ranks(_killed_worker, 2, issuer, backend="nccl",
-                   env=_env_with_deadline(2, 1, {"RINGREDUCE_ISSUER": issuer}), timeout=240,
+def test_gpu_native_issuer_killed_peer_becomes_an_error_within_the_deadline() -> None:
+    run_test_ranks(_killed_worker, 2, backend="nccl",
+                   env=_env_with_deadline(2, 1, {"RINGREDUCE_ISSUER": "native"}), timeout=240,
                    expect_exit={1: -signal.SIGKILL})
 
 
 def _ddp_worker(rank: int, world: int, issuer: str) -> None:
-    """The hook with each issuer against DDP on NCCL alone, with find_unused_parameters:
-    DDP then all-reduces its unused-parameter map on its own NCCL group right after the
-    last bucket's hook, on the autograd thread. With native-async the worker may still be
-    issuing then; the hook's last bucket waits until it has issued everything, so both
-    threads' NCCL work reaches the device in one order on every rank (else: a hang)."""
+    """The hook with the native issuer against DDP on NCCL alone, with
+    find_unused_parameters: DDP then all-reduces its unused-parameter map on its own
+    NCCL group right after the last bucket's hook, on the autograd thread, the thread
+    that issued the buckets' jobs before each hook returned."""
     dev = torch.device("cuda", torch.cuda.current_device())
     nccl = dist.group.WORLD
     reference = train(DDP(model().to(dev), bucket_cap_mb=0.01, find_unused_parameters=True),
@@ -213,12 +206,11 @@ def _ddp_worker(rank: int, world: int, issuer: str) -> None:
         assert comm.wait_idle(60.0)
 
 
-@pytest.mark.parametrize("issuer", ["native", "native-async"])
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_ddp_hook_with_unused_parameter_detection_matches_plain_ddp(
-        machines: int, devices: int, issuer: str) -> None:
-    run_test_ranks(_ddp_worker, machines * devices, issuer, backend="nccl",
-                   env=_with_issuer(_env(machines, devices), issuer), timeout=240)
+        machines: int, devices: int) -> None:
+    run_test_ranks(_ddp_worker, machines * devices, "native", backend="nccl",
+                   env=_with_issuer(_env(machines, devices), "native"), timeout=240)
 
 
 def _sweep_worker(rank: int, world: int, issuer: str) -> None:
@@ -229,7 +221,7 @@ def _sweep_worker(rank: int, world: int, issuer: str) -> None:
         sizes = [*sizes_for(comm.topology.devices_per_machine, comm.topology.machines),
                  65537]
         for _ in range(2):  # the first call of each kind is issued from Python, the rest
-            assert sweep(comm, sizes, dev) > 0  # by the worker (NativeIssuer.program)
+            assert sweep(comm, sizes, dev) > 0  # replay its program (NativeIssuer.program)
             interleaved(comm, [1, 1000, 4097, 300_001], dev)
             # ~1000 slices, so ~1000 wave groups: one dtype and op (every dtype x op of it
             # took longer than 180 s at 4 x 2 on one GPU, run 13), twice: traced, replayed
@@ -250,7 +242,7 @@ def _sweep_worker(rank: int, world: int, issuer: str) -> None:
                             f"{issuer} wire {wire} n={n}")
 
 
-@pytest.mark.parametrize("issuer", ["native", "native-async", "python"])
+@pytest.mark.parametrize("issuer", ["native", "python"])
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_both_issuers_are_exact_on_the_sweep(machines: int, devices: int,
                                                  issuer: str) -> None:

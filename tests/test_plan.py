@@ -111,14 +111,12 @@ def test_config_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="staging_bytes=-1"):
         Config(staging_bytes=-1)
     monkeypatch.setenv("RINGREDUCE_MACHINES", "2")
-    assert Config().nccl_blocking
-    monkeypatch.setenv("RINGREDUCE_NCCL_BLOCKING", "0")
-    assert not Config.from_env().nccl_blocking
     assert Config().check_call_end
-    for gone in ("graphs", "wave_groups", "pair_comms", "call_check_comms", "issue_probes"):
+    for gone in ("graphs", "wave_groups", "pair_comms", "call_check_comms", "issue_probes",
+                 "nccl_blocking"):
         assert not hasattr(Config(), gone), gone  # issue 36: switches kept only to measure
-    monkeypatch.setenv("RINGREDUCE_NCCL_BLOCKING", "maybe")
-    with pytest.raises(ValueError, match="RINGREDUCE_NCCL_BLOCKING='maybe' is not a boolean"):
+    monkeypatch.setenv("RINGREDUCE_CHECK_CALL_END", "maybe")
+    with pytest.raises(ValueError, match="RINGREDUCE_CHECK_CALL_END='maybe' is not a boolean"):
         Config.from_env()
 
 

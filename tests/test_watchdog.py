@@ -15,7 +15,7 @@ import pytest
 
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import nccl
-from ringreduce.execution.cuda_setup import async_error_between_issues, distinct
+from ringreduce.execution.cuda_setup import distinct
 from ringreduce.execution.nccl import library
 from ringreduce.safety.watchdog import Issue, Watchdog
 
@@ -408,34 +408,6 @@ def test_polls_of_nccl_async_errors_never_overlap(monkeypatch: pytest.MonkeyPatc
     for t in threads:
         t.join()
     assert raw.most == 1, f"{raw.most} threads polled NCCL at once"
-
-
-def test_non_blocking_communicators_are_polled_only_between_issues(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """While a thread issues (holds the issue lock) the watchdog does not touch NCCL: its
-    group end and enqueues complete the same group job a poll would. Once the issue is
-    over, the poll reports an error again."""
-    _fake(monkeypatch, 6)  # ncclRemoteError
-    raw = library.raw
-    calls = []
-    monkeypatch.setattr(raw, "comm_get_async_error",
-                        lambda handle: calls.append(handle) or 6, raising=False)
-    lock, comms = threading.RLock(), {"collect+diffuse": _Comm()}
-    issuing, done = threading.Event(), threading.Event()
-
-    def issue() -> None:
-        with lock:
-            issuing.set()
-            done.wait(5)
-
-    t = threading.Thread(target=issue)
-    t.start()
-    assert issuing.wait(5)
-    assert async_error_between_issues(lock, comms) is None and calls == []
-    done.set()
-    t.join()
-    error = async_error_between_issues(lock, comms)
-    assert error is not None and error.startswith("collect+diffuse communicator: ") and calls
 
 
 def test_async_error_ignores_success_and_in_progress(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -53,14 +53,17 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
     root = nccl.init_nonblocking(topo.world_size, topo.rank, store.get("nccl/world"), deadline)
     comms = res.comms
     comms["world"] = root
-    blocking = config.nccl_blocking
     try:
         # Splits are collective over the root; every rank makes the same calls in order.
-        # The root stays non-blocking (it only splits); with blocking traffic the flat
-        # route gets a blocking copy of it.
-        split = functools.partial(nccl.split, root, deadline=deadline, blocking=blocking)
-        if blocking:
-            comms["root"], comms["world"] = root, split(0, topo.rank)
+        # The root stays non-blocking, so initialisation and splitting end at the
+        # deadline; it only splits. Traffic goes over blocking communicators (the flat
+        # route gets a blocking copy of the root): NCCL hands every ncclGroupEnd on a
+        # non-blocking communicator to a new thread (2 x 1, 25 MiB, H200: 3003 us of
+        # host time a call against 1465 blocking), and the one wait a blocking
+        # communicator adds, connection setup inside the first call to a peer, is
+        # bounded by the watchdog, which also watches calls being issued.
+        split = functools.partial(nccl.split, root, deadline=deadline, blocking=True)
+        comms["root"], comms["world"] = root, split(0, topo.rank)
         _split_stages(comms, split, topo, config)
     except RingReduceError:
         for comm in distinct(comms).values():  # aborting the parent stops a split in progress
@@ -73,17 +76,14 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
         log.warning("cupy is not importable: the add stage and the quantized wires use "
                     "torch ops instead of the fused kernels of native/add.cu and quant.cu; "
                     "install ringreduce[cu12] or [cu13]")
-    res.transport = NcclTransport(topo, comms, timeout_s, blocking, res.kernels,
-                                  gathers=config.diffuse_gather)
+    res.transport = NcclTransport(topo, comms, res.kernels, gathers=config.diffuse_gather)
     res.sync = CudaStreams(res.device, schedule.event_names(
         topo.devices_per_machine, max(res.staging_slots, 1), layout.PADDING_SLOTS))
     if config.check_call_end and res.kernels is not None:
         res.call_check = DeviceCallCheck.on(res.device, call_check.hops(
             topo.devices_per_machine, topo.machines))
     unique = distinct(comms)  # fixed from here on; the watchdog polls it, teardown walks it
-    poll = (lambda: async_error(unique)) if blocking else \
-        (lambda: async_error_between_issues(res.issue_lock, unique))
-    res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=poll,
+    res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: async_error(unique),
                             on_failure=lambda exc: res.fail(exc, None),
                             stuck_issue=res.stuck_issue,
                             call_check=res.call_check and res.call_check.mismatch,
@@ -91,7 +91,7 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
                             on_start=relaxed_capture_mode)
     res.watchdog.start()  # before the first call: its connection setup may hang
     res.release_steps += [
-        lambda c=c, b=blocking and name != "root": finalize(res, c, timeout_s, b)
+        lambda c=c, b=name != "root": finalize(res, c, timeout_s, b)
         for name, c in unique.items()]
 
 
@@ -153,7 +153,7 @@ def build_native(res: Resources, config: Config) -> None:
     """The native issuer when it can run (native.why_not), else the Python issuer; an
     explicit issuer='native' that cannot run is an error, the default a logged fallback.
     Last, once everything its trace reads (communicators, streams, divisors) exists."""
-    why = native.why_not(config, True, config.nccl_blocking, res.kernels is not None)
+    why = native.why_not(config, True, res.kernels is not None)
     if not why:
         wire = getattr(torch, config.wire_dtype) if config.wire_dtype else None
         try:
@@ -213,22 +213,6 @@ def abort_together(comms: dict[str, Any], device: torch.device) -> None:
         log.error("ringreduce: ncclCommAbort of the %s communicator(s) did not return within "
                   "%.0f s; reporting the failure anyway (the process may need to exit)",
                   ", ".join(stuck), _ABORT_WAIT_S)
-
-
-def async_error_between_issues(issue_lock: Any, comms: dict[str, Any]) -> str | None:
-    """async_error for non-blocking communicators: only while no thread issues NCCL work
-    (``issue_lock`` free), else None at once. NCCL links a non-blocking group's job to
-    its communicators in ncclGroupEnd and completes and frees it from whichever thread
-    next polls or enqueues on them, without a lock (nccl/lifecycle.py): the watchdog
-    polling beside the issuing thread freed a job twice (issue 15 item 6). A call being
-    issued polls its own groups (wait_ready), which raises NCCL's errors, and a call
-    stuck in issue meets the watchdog's deadline."""
-    if not issue_lock.acquire(blocking=False):
-        return None
-    try:
-        return async_error(comms)
-    finally:
-        issue_lock.release()
 
 
 def async_error(comms: dict[str, Any]) -> str | None:

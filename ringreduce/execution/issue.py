@@ -116,7 +116,6 @@ class Issuer:
                 if async_op:
                     self._pend(t, ends[0][1].seq)
                 return fut, ends
-            native.drain()  # Python issues next: the worker's calls must come first
         if not capturing:
             self.after_pending(t)
         if capturing:  # the caller's own CUDA graph
@@ -130,8 +129,6 @@ class Issuer:
         """CUDA: ``run`` on the caller's current stream (no stage streams to join),
         writing ``result`` and reading ``reads``. Returns the Future (or None) and what
         the watchdog should watch."""
-        if self.res.native is not None:
-            self.res.native.drain()  # its queued calls are issued before this one
         if not torch.cuda.is_current_stream_capturing():
             self.after_pending(result, *reads)
         if result.numel():
@@ -218,10 +215,8 @@ class Issuer:
         asynchronous one records itself with _pend), so the entry goes.
 
         ``native_jobs``: the call is a native issuer's job, so an earlier native job on
-        the memory is returned (the last one, else 0) for the issuing thread to follow
-        on the device (native.issue's ``after``) instead of the caller's stream waiting
-        for it, which needs that job issued first: back to back, native-async's caller
-        would otherwise wait for its worker at every call on a busy tensor."""
+        the memory is returned (the last one, else 0) for the program to follow on the
+        device (native.issue's ``after``) instead of the caller's stream waiting for it."""
         after = 0
         for t in tensors:
             end = self._pending.pop(_storage(t), None)
@@ -241,7 +236,6 @@ class Issuer:
             return
         native = self.res.native  # a native job: its done event, unless it finished
         assert native is not None
-        native.wait_issued(end)
         if native.worker.state(end) == 0:  # the host-visible flag: no device sync
             native.worker.stream_wait(caller.cuda_stream, end)
 

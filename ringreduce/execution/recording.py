@@ -110,8 +110,7 @@ class RecordedNccl:
         self.rec = recorder
 
     @contextlib.contextmanager
-    def group_ready(self, comms: Sequence[Any], deadline: float, what: str) -> Iterator[None]:
-        assert not comms, "the native issuer needs blocking communicators"
+    def group(self) -> Iterator[None]:
         self.rec.emit("group_start")
         yield
         self.rec.emit("group_end")
@@ -194,8 +193,8 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
     ctx.kernels = kernels
     ctx.sync = RecordedStreams(res.sync, rec)
     transport = res.transport
-    ctx.transport = NcclTransport(topo, transport.comms, transport.timeout_s, True,
-                                  kernels, calls=RecordedNccl(rec), gathers=transport.gathers)
+    ctx.transport = NcclTransport(topo, transport.comms, kernels, calls=RecordedNccl(rec),
+                                  gathers=transport.gathers)
     run_waves(waves, t.view(-1), plans, op, ctx)
     rec.stage = len(stages) - 1
     rec.emit("write_flag")

@@ -72,8 +72,8 @@ class Resources:
     """Config.smallest_slice_bytes: a small call's slices (call_slice_bytes); 0: every
     call's are ``slice_bytes``."""
     native: Any = None
-    """The native issuer (native.NativeIssuer: a worker thread issues hierarchical CUDA
-    calls); None: every call is issued from Python."""
+    """The native issuer (native.NativeIssuer: replays a pipelined call's NCCL calls
+    from C++ on the caller's thread); None: every call is issued from Python."""
     call_check: Any = None
     """The end-of-call check (call_check.py, Config.check_call_end); None: off."""
     plan: slicing.Choice = slicing.CPU_DEFAULT
@@ -132,7 +132,7 @@ class Resources:
         """Teardown (close): after a failure nothing is left to destroy (aborted);
         otherwise let issued work finish, then destroy."""
         if self.native is not None:
-            self.native.close()  # issues what is queued (after a failure: flags only)
+            self.native.close()  # refuses further jobs (every issued one is on the device)
         if self.watchdog is not None:
             if self.guard.failure is None:
                 with contextlib.suppress(RingReduceError):  # on_failure aborted everything

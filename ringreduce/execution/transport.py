@@ -18,7 +18,6 @@ Per part, on rank (machine m, device d), ``view`` is ``(D, M, k)``:
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -118,8 +117,8 @@ class NcclTransport:
     """Stage operations on NCCL communicators, one per stage, so that stages of
     different slices run concurrently on their own streams."""
 
-    def __init__(self, topo: Topology, comms: dict[str, nccl.Comm], timeout_s: float,
-                 blocking: bool, casts: WireCasts | None, calls: NcclCalls = nccl,
+    def __init__(self, topo: Topology, comms: dict[str, nccl.Comm],
+                 casts: WireCasts | None, calls: NcclCalls = nccl,
                  gathers: bool = True) -> None:
         self.topo = topo
         self.gathers = gathers
@@ -128,8 +127,6 @@ class NcclTransport:
         self.casts = casts
         """native/wire.cu's casts; None: torch copies (no cupy)."""
         self.comms = comms
-        self.timeout_s = timeout_s
-        self.blocking = blocking
         self.others = other_machines(topo)
         self.stage = "-"
         """The communicator of the latest group issued: what the watchdog names when a
@@ -137,15 +134,12 @@ class NcclTransport:
 
     def group(self, stages: Sequence[str]) -> contextlib.AbstractContextManager[None]:
         """One NCCL group over the communicators of ``stages``, enqueued when it
-        returns. Blocking communicators return from ncclGroupEnd then (the watchdog
-        bounds the wait when it connects to a peer); non-blocking ones are polled here,
-        to the deadline, before any event follows the work."""
+        returns (blocking communicators: the watchdog bounds the wait when one connects
+        to a peer)."""
         if not stages:
             return contextlib.nullcontext()
         self.stage = "+".join(stages)
-        return self.calls.group_ready(
-            [] if self.blocking else [self.comms[s] for s in stages],
-            time.monotonic() + self.timeout_s, f"ncclGroupEnd on the {self.stage} communicators")
+        return self.calls.group()
 
     def reduce_scatter(self, parts: Sequence[Part], op: str, stream: int) -> None:
         d, comm = self.topo.device_index, self.comms["reduce_scatter"]

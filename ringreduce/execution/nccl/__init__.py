@@ -20,7 +20,7 @@ from ringreduce.execution.nccl.calls import (
     all_gather,
     all_reduce,
     all_reduce_into,
-    group_ready,
+    group,
     recv,
     reduce_scatter,
     send,
@@ -46,7 +46,7 @@ from ringreduce.execution.nccl.lifecycle import (
 
 __all__ = [
     "Comm", "abort", "all_gather", "all_reduce", "all_reduce_into", "async_error", "comm_config",
-    "describe_result", "dtype_code", "finalize_and_destroy", "group_ready",
+    "describe_result", "dtype_code", "finalize_and_destroy", "group",
     "init_nonblocking", "launch_order", "new_unique_id", "op_code", "recv", "reduce_scatter",
     "send", "split", "version", "wait_ready",
 ]

@@ -10,14 +10,13 @@ wrapper sits under the C prototype it calls. Every call names an explicit stream
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
 from ringreduce.execution.nccl.library import Comm, dtype_code, op_code
 from ringreduce.execution.nccl.library import raw as _raw
-from ringreduce.execution.nccl.lifecycle import wait_ready
 
 # ``_raw`` is bound once, at import, as the single module did before: a module global
 # per call, no attribute walk through library on a path taken ~20 times per call.
@@ -63,15 +62,11 @@ def recv(comm: Comm, t: torch.Tensor, peer: int, stream: int) -> None:
 
 
 @contextmanager
-def group_ready(comms: Sequence[Comm], deadline: float, what: str) -> Iterator[None]:
-    """A group (ncclGroupStart ... ncclGroupEnd) whose kernels are enqueued when it
-    returns: afterwards, wait until every non-blocking communicator in ``comms`` left
-    ncclInProgress (pass none for blocking ones: their ncclGroupEnd already waited;
-    lifecycle.py's findings say why the wait is needed)."""
+def group() -> Iterator[None]:
+    """A group (ncclGroupStart ... ncclGroupEnd) over blocking communicators: its
+    kernels are enqueued when ncclGroupEnd returns."""
     _raw.group_start()
     try:
         yield
     finally:
         _raw.group_end()
-    for comm in comms:
-        wait_ready(comm, deadline, what)

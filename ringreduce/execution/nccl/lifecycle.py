@@ -55,7 +55,7 @@ from ringreduce.execution.nccl.library import IN_PROGRESS, SUCCESS, Comm, descri
 #    2.28.9). So the communicators that carry traffic are split off blocking
 #    (comm_config), from a non-blocking root: init and split stay bounded by the
 #    deadline, and the watchdog bounds the one blocking wait left, connection setup
-#    inside a call (Config.nccl_blocking).
+#    inside a call (execution/cuda_setup.py: traffic goes over blocking communicators).
 #  * ncclCommGetAsyncError is *not* safe to call from two threads at once on a
 #    non-blocking communicator: once the state is ncclSuccess it completes the group job
 #    linked to the communicator and clears the link (src/init.cc ncclCommGetAsyncError,

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ringreduce.benchmark.launch import Launch, detect, nccl_variables, run_ranks
+
 from . import dlrm
 from .dlrm import EXTRA_MODES, FINAL_STEPS, MODES, ModeRun, Options, run_modes
 from .dlrm_model import Spec
-from .launch import Launch, detect, nccl_variables, run_ranks
 from .transformer_model import TransformerSpec
 from .workloads import DEFAULT_BATCH, DEFAULT_LR, LR_WARMUP, MODELS, TARGET_FRACTION
 

@@ -79,8 +79,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
+from ringreduce.integrations.backend import RingReduceGroup
 
-from ..integrations.backend import RingReduceGroup
 from .dlrm_model import Spec
 from .transformer_model import TransformerSpec
 from .workloads import DEFAULT_BATCH, DEFAULT_LR, MODELS, TARGET_FRACTION, Workload, workload

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..safety.checks import DTYPES
-from ..safety.checks import OPS as _OP_NAMES
+from ringreduce.safety.checks import DTYPES
+from ringreduce.safety.checks import OPS as _OP_NAMES
 
 __all__ = ["DTYPES", "OPS", "expected", "rank_input"]
 

@@ -5,7 +5,8 @@ still a RingReduceError within the deadline.
 
 One GPU suffices: the topologies of ``RINGREDUCE_GPU_TOPOLOGIES`` (test_gpu.py), ranks
 sharing the GPU (under MPS, except the killed-peer test). Run with ``pytest -m gpu``;
-skipped without CUDA, nccl4py or the built extension.
+skipped without CUDA, nccl4py or the built extension. Every Communicator here pins
+``plan="pipelined"``: the native issuer takes pipelined calls only.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def _async_worker(rank: int, world: int, issuer: str) -> None:
     """Many futures in flight, then the caller's stream works on the results without a
     host wait: fut.wait() must order it after each all-reduce."""
     dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(min_bytes=0) as comm, _diagnosed(comm, rank):
+    with ringreduce.Communicator(plan="pipelined", min_bytes=0) as comm, _diagnosed(comm, rank):
         assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
         n = (6 << 20) + 5  # 24 MiB fp32: several slices and a tail
         tensors = [rank_input(rank, n, torch.float32, dev, salt=s) for s in range(12)]
@@ -107,7 +108,7 @@ def _issue_order_worker(rank: int, world: int) -> None:
     n = 1_000_003
     want = expected(world, n, torch.float32, dist.ReduceOp.SUM, dev) * world
     ops = (dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX)
-    with ringreduce.Communicator(min_bytes=0) as comm, _diagnosed(comm, rank):
+    with ringreduce.Communicator(plan="pipelined", min_bytes=0) as comm, _diagnosed(comm, rank):
         for round_ in range(4):  # the first round's calls are traced (native issuer)
             t = rank_input(rank, n, torch.float32, dev)
             futures = [comm.all_reduce(t, op=op, async_op=True) for op in ops]
@@ -138,8 +139,9 @@ def _two_communicators_worker(rank: int, world: int) -> None:
     2026-11-25-h100-caller-time, run 41.)"""
     dev = torch.device("cuda", torch.cuda.current_device())
     n = (3 << 20) + 7  # several 4 MiB slices
-    with ringreduce.Communicator(min_bytes=0) as first, \
-            ringreduce.Communicator(min_bytes=0, slice_bytes=8 << 20) as second, \
+    with ringreduce.Communicator(plan="pipelined", min_bytes=0) as first, \
+            ringreduce.Communicator(plan="pipelined", min_bytes=0,
+                                    slice_bytes=8 << 20) as second, \
             _diagnosed(first, rank):
         for comm in (first, second):
             assert comm.describe().endswith("issuer=native"), comm.describe()
@@ -194,7 +196,7 @@ def _ddp_worker(rank: int, world: int, issuer: str) -> None:
     nccl = dist.group.WORLD
     reference = train(DDP(model().to(dev), bucket_cap_mb=0.01, find_unused_parameters=True),
                       rank, 6, dev)
-    with ringreduce.Communicator(nccl, min_bytes=0, slice_bytes=4096) as comm, \
+    with ringreduce.Communicator(nccl, plan="pipelined", min_bytes=0, slice_bytes=4096) as comm, \
             _diagnosed(comm, rank):
         assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
         hooked = DDP(model().to(dev), bucket_cap_mb=0.01, find_unused_parameters=True)
@@ -215,7 +217,7 @@ def test_gpu_ddp_hook_with_unused_parameter_detection_matches_plain_ddp(
 
 def _sweep_worker(rank: int, world: int, issuer: str) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(min_bytes=0, slice_bytes=4096) as comm, \
+    with ringreduce.Communicator(plan="pipelined", min_bytes=0, slice_bytes=4096) as comm, \
             _diagnosed(comm, rank):
         assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
         sizes = [*sizes_for(comm.topology.devices_per_machine, comm.topology.machines),
@@ -234,7 +236,8 @@ def _sweep_worker(rank: int, world: int, issuer: str) -> None:
             dist.all_reduce(ref)
             check_equal(t, ref, f"{issuer} 500_003 floats")
     for wire in (torch.bfloat16, torch.float16):
-        with ringreduce.Communicator(min_bytes=0, slice_bytes=65536, wire_dtype=wire) as comm:
+        with ringreduce.Communicator(plan="pipelined", min_bytes=0, slice_bytes=65536,
+                                     wire_dtype=wire) as comm:
             for n in (1000, 300_001, 1000, 300_001):
                 t = rank_input(rank, n, torch.float32, dev)
                 comm.all_reduce(t)

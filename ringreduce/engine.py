@@ -24,9 +24,10 @@ import torch.distributed as dist
 from ringreduce.config import Config, host_identity
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import collectives, compressed, compressed_scatter, probe, quant
+from ringreduce.execution.build import build_resources, group_store
 from ringreduce.execution.context import CallContext
 from ringreduce.execution.issue import Issuer, as_torch_future, untracked
-from ringreduce.execution.resources import Resources, build_resources, group_store
+from ringreduce.execution.resources import Resources
 from ringreduce.plan import slicing, topology
 from ringreduce.plan.topology import Topology
 from ringreduce.safety import agreement, checks

@@ -24,9 +24,10 @@ import torch
 from ringreduce import info
 from ringreduce.config import Config
 from ringreduce.execution import call_check, kernels, native, recording
+from ringreduce.execution.buffers import Buffers
 from ringreduce.execution.call_check import DeviceCallCheck
 from ringreduce.execution.kernels import Kernels
-from ringreduce.execution.pipeline import Buffers, run_waves
+from ringreduce.execution.pipeline import run_waves
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import layout, schedule, topology
 

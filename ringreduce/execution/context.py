@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from ringreduce.execution.pipeline import Buffers
+    from ringreduce.execution.buffers import Buffers
     from ringreduce.execution.resources import Resources
     from ringreduce.plan.topology import Topology
     from ringreduce.safety.flight import Record

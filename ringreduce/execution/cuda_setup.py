@@ -45,7 +45,7 @@ captured, once every graph ringreduce knows of is gone and the device is idle.""
 def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
     """NCCL communicators, kernels, transport, stage streams and the watchdog for
     ``res`` (collective: every rank makes the same NCCL calls in the same order); the
-    divisors and then build_native come after (resources.build_resources)."""
+    divisors and then build_native come after (build.build_resources)."""
     topo, timeout_s = res.topo, config.timeout_s
     if topo.rank == 0:
         store.set("nccl/world", nccl.new_unique_id())  # type: ignore[arg-type]  # bytes work
@@ -83,6 +83,7 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
         res.call_check = DeviceCallCheck.on(res.device, call_check.hops(
             topo.devices_per_machine, topo.machines))
     unique = distinct(comms)  # fixed from here on; the watchdog polls it, teardown walks it
+    res.abort = lambda: abort_together(comms, res.device)
     res.watchdog = Watchdog(timeout_s, rank=topo.rank, async_error=lambda: async_error(unique),
                             on_failure=lambda exc: res.fail(exc, None),
                             stuck_issue=res.stuck_issue,

@@ -1,43 +1,33 @@
-"""Everything a Communicator holds: topology, transport, streams, events, buffers.
+"""Everything a Communicator holds: topology, transport, streams, events, buffers,
+and what a failure, wait_idle and close do with all of it.
 
-Built once, collectively, at construction. Machines are found by exchanging host
-identities through the process group's store; NCCL communicators are split from one
-world communicator whose unique id travels through the same store (cuda_setup.py
-makes and closes them; this module owns the Resources, the CPU's gloo groups, and
-what a failure, wait_idle and close do with all of it).
+Built once, collectively, at construction (build.py). A leaf of execution/: the
+modules that build or use Resources import it, never the other way round.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import gc
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
-from ringreduce.execution import cuda_setup, probe
-from ringreduce.execution.call_check import HostCallCheck
-from ringreduce.execution.pipeline import Buffers
-from ringreduce.execution.streams import HostOrder
-from ringreduce.execution.transport import GlooTransport
-from ringreduce.plan import layout, slicing, topology
+from ringreduce.execution.buffers import Buffers
+from ringreduce.plan import layout, slicing
 from ringreduce.plan.topology import Topology
-from ringreduce.safety.flight import FlightRecorder, Record
-from ringreduce.safety.guard import Guard
+from ringreduce.safety.flight import Record
 from ringreduce.safety.watchdog import Issue, Watchdog
 
 log = logging.getLogger("ringreduce")
 _ABORT_LOCK_WAIT_S = 2.0
 """How long a failure waits for the issuing thread to leave NCCL before aborting anyway:
 a healthy issue (a few hundred microseconds) is long done by then."""
-_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -80,6 +70,8 @@ class Resources:
     """How hierarchical all-reduces are issued, and why (execution/probe.py)."""
     probe_calls: int = 0
     """Calls the construction probe made (numbered before the user's)."""
+    abort: Callable[[], None] | None = None
+    """Aborts every NCCL communicator at once (cuda_setup.abort_together), set with them."""
     issuing: tuple[Record, float] | None = None
     """The call being issued and since when (time.monotonic()); None between calls."""
 
@@ -117,7 +109,8 @@ class Resources:
                 if not locked:
                     log.warning("ringreduce: aborting while the issuing thread is inside "
                                 "NCCL or CUDA (stuck behind the failed operation)")
-                cuda_setup.abort_together(self.comms, self.device)
+                assert self.abort is not None, "NCCL communicators come with their abort"
+                self.abort()
         finally:
             if locked:
                 self.issue_lock.release()
@@ -152,85 +145,3 @@ class Resources:
     def captured(self) -> int:
         """How many calls were captured into the caller's CUDA graphs."""
         return self.user_captures
-
-
-def build_resources(store: dist.Store, rank: int, world: int, device: torch.device,
-                    config: Config, hosts: list[str]) -> Resources:
-    """Everything for one communicator of ``world`` ranks meeting in ``store`` (a
-    namespace of its own), on machines told apart by ``hosts`` (every rank's identity,
-    agreed in safety/agreement.meet): collective, every rank calls it with its
-    ``rank``."""
-    topo = topology.from_host_ids(hosts, rank)
-    is_cuda = device.type == "cuda"
-    slice_bytes = config.resolved_slice_bytes(topo.devices_per_machine, topo.machines)
-    slot_bytes, slots = layout.staging_geometry(topo.devices_per_machine, topo.machines,
-                                                slice_bytes, config.staging_bytes)
-    buffers = Buffers(topo, slot_bytes, slots if topo.machines > 1 else 0,
-                      layout.PADDING_SLOTS, device)
-    res = Resources(topo, is_cuda, device, slice_bytes, slots, None, None, buffers,
-                    smallest_slice_bytes=config.smallest_slice_bytes(topo.devices_per_machine,
-                                                                     topo.machines))
-    recorder = FlightRecorder(config.flight_records, rank, config.flight_file)
-    res.guard = Guard(store, rank, world, config.timeout_s, recorder)
-    res.rank_order = _rank_order(topo, device)
-    if is_cuda:
-        cuda_setup.build_cuda(res, store, config)
-    else:
-        _build_cpu(res, store, datetime.timedelta(seconds=config.timeout_s), config.diffuse_gather)
-        res.call_check = HostCallCheck() if config.check_call_end else None
-    res.divisors = _divisors(world, device)
-    res.plan = probe.plan_without_probe(res, config) or slicing.UNDECIDED
-    if is_cuda:  # last, as ever: what the native issuer traces reads them
-        cuda_setup.build_native(res, config)
-    return res
-
-
-def group_store(group: dist.ProcessGroup) -> dist.Store:
-    """A store namespace unique to this communicator: the n-th construction on a group
-    gets instance n on every rank. Each rank counts its own constructions (a key per
-    rank), so ranks that fail fast and try again cannot shift a slower rank onto
-    another instance, as one shared counter did."""
-    base = dist.distributed_c10d._get_default_store()
-    name = getattr(group, "group_name", "") or "world"
-    instance = base.add(f"ringreduce/{name}/instances/{dist.get_rank()}", 1) - 1
-    return dist.PrefixStore(f"ringreduce/{name}/{instance}/", base)
-
-
-def _rank_order(topo: Topology, device: torch.device) -> torch.Tensor:
-    """Group ranks in (device, machine) order: row d*M + m of a (D, M, n) view belongs
-    to rank ``ranks[m][d]`` (hierarchical reduce-scatter and all-gather regroup their
-    blocks with it). Built once, so no call copies indices from the host."""
-    order = [topo.ranks[m][d] for d in range(topo.devices_per_machine)
-             for m in range(topo.machines)]
-    return torch.tensor(order, dtype=torch.int64).to(device)
-
-
-def _divisors(world: int, device: torch.device) -> dict[torch.dtype, torch.Tensor]:
-    """Made once and waited for here, at construction, so that calls on any stream
-    may read them without a fill kernel (or a host copy) per AVG call."""
-    made = {dtype: torch.full((), world, dtype=dtype, device=device) for dtype in _FLOATS}
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
-    return made
-
-
-def _build_cpu(res: Resources, store: dist.Store, timeout: datetime.timedelta,
-               gathers: bool) -> None:
-    """gloo groups made directly on the store (no torch.distributed registration, so
-    the same code serves the "ringreduce" backend, which is built before the default
-    group exists), each with ringreduce's own deadline: a dead or absent peer turns
-    into an error after ``timeout`` instead of the user group's (30 min default).
-    A rank makes only the groups it belongs to; ranks inside are group-local."""
-    topo = res.topo
-
-    def gloo(name: str, ranks: tuple[int, ...]) -> dist.ProcessGroupGloo:
-        sub = dist.PrefixStore(f"gloo/{name}/", store)
-        return dist.ProcessGroupGloo(sub, ranks.index(topo.rank), len(ranks), timeout)
-
-    groups = {"world": gloo("world", tuple(range(topo.world_size)))}
-    if topo.devices_per_machine > 1:
-        groups["intra"] = gloo(f"intra{topo.machine_index}", topo.intra_ranks())
-    if topo.machines > 1:
-        groups["rail"] = gloo(f"rail{topo.device_index}", topo.rail_ranks())
-    res.transport = GlooTransport(topo, groups, gathers)
-    res.sync = HostOrder()

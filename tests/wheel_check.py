@@ -3,8 +3,9 @@ is installed non-editable (.ci/run does this), never from the checkout.
 
 A wheel once shipped no native/*.cu, so a non-editable install failed at the first kernel
 on a GPU; the sources are now copied into ``ringreduce/native/`` by setup.py's build_py.
-This checks the installed package finds every kernel source inside itself, and that the
-native issuer's extension was built into the wheel where a C++ compiler exists.
+This checks the installed package finds every kernel source inside itself, that the
+native issuer's extension was built into the wheel where a C++ compiler exists, and that
+the wheel holds the library only: the benchmark workloads live in benchmarks/ (issue 39).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import ringreduce
 from ringreduce.execution import kernels
 
 KERNEL_SOURCES = ("add.cu", "wire.cu", "check.cu", "quant.cu", "numeric.cuh")
+BENCH_MODULES = {"__init__.py", "cli.py", "launch.py", "measure.py", "options.py",
+                 "profile.py", "references.py", "report.py", "summary.py"}
+"""ringreduce/benchmark/: what ``python -m ringreduce.bench`` runs, nothing else."""
 
 
 def main() -> int:
@@ -31,6 +35,12 @@ def main() -> int:
     if missing or not source.is_relative_to(package):
         print(f"wheel check: kernel sources {missing or KERNEL_SOURCES} not in the package "
               f"(source_dir() = {source})", file=sys.stderr)
+        return 1
+    extra = sorted(p.name for p in (package / "benchmark").glob("*.py")
+                   if p.name not in BENCH_MODULES)
+    if extra:
+        print(f"wheel check: ringreduce/benchmark/ ships {extra}, which the bench does not "
+              "run (workloads belong in benchmarks/)", file=sys.stderr)
         return 1
     if shutil.which("g++"):
         importlib.import_module("ringreduce._native")  # raises if the wheel lacks it

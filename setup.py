@@ -1,5 +1,5 @@
-"""Builds ringreduce._native (native/issuer.cpp) with the system C++ compiler, and ships
-the CUDA kernel sources (native/*.cu, *.cuh) inside the package.
+"""Builds ringreduce._native (native/*.cpp, see native/module.cpp) with the system C++
+compiler, and ships the CUDA kernel sources (native/*.cu, *.cuh) inside the package.
 
 The extension is optional by design: without a compiler the package still installs and
 the Python issuer runs every call (``python -m ringreduce.info`` says which issuer is in
@@ -18,6 +18,11 @@ from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 KERNEL_SOURCES = ("*.cu", "*.cuh")
+NATIVE_SOURCES = ["native/driver.cpp", "native/program.cpp", "native/issuer.cpp",
+                  "native/module.cpp"]
+NATIVE_HEADERS = ["native/driver.h", "native/program.h", "native/issuer.h"]
+"""The extension's sources; its headers are ``depends`` (a change rebuilds it, and the
+sdist carries them), never package data: the wheel needs only the built module."""
 
 
 class BuildPyWithKernels(build_py):
@@ -33,8 +38,9 @@ class BuildPyWithKernels(build_py):
 setup(
     cmdclass={"build_py": BuildPyWithKernels},
     ext_modules=[Extension(
-        "ringreduce._native", ["native/issuer.cpp"], language="c++",
-        extra_compile_args=["-std=c++17", "-O2", "-Wall", "-Wextra",
+        "ringreduce._native", NATIVE_SOURCES, depends=NATIVE_HEADERS, language="c++",
+        # hidden: the module exports PyInit__native only (its internals span files now)
+        extra_compile_args=["-std=c++17", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden",
                             "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
         libraries=["dl"], optional=True)],
 )

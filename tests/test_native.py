@@ -1,4 +1,4 @@
-"""The native issuer's CPU-side parts (native/issuer.cpp as ringreduce._native): it is
+"""The native issuer's CPU-side parts (native/*.cpp as ringreduce._native): it is
 built wherever a C++ compiler is, programs are encoded and validated as native.py
 writes them, and the issuer runs jobs on the calling thread one at a time per process,
 reports the first failure, stops and closes. NOP and FAIL are the test-only

@@ -10,7 +10,7 @@ collaborators:
                      --kernels-->   Kernels copy with ``emit`` set      kernel launches
 
 which write instructions into a Recorder instead of executing them. The result is a
-validated ``_native.Program`` (native/issuer.cpp): pointers inside the caller's tensor
+validated ``_native.Program`` (native/program.h): pointers inside the caller's tensor
 are stored relative to its start, staging and padding pointers absolutely. Replaying
 it is native.py's.
 """

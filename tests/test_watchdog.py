@@ -500,7 +500,7 @@ def test_only_the_nccl_package_imports_nccl4py() -> None:
 
 
 def test_a_communicator_shared_by_a_stage_pair_is_aborted_and_polled_once() -> None:
-    """Paired stages (Config.pair_comms) share one NCCL communicator: teardown, the
+    """Paired stages share one NCCL communicator (cuda_setup._split_stages): teardown, the
     abort after a failure and the async-error poll must see it once, named after both
     stages (NCCL's abort or destroy of a freed communicator is undefined)."""
     rail, intra, world = object(), object(), object()

@@ -47,7 +47,7 @@ from ringreduce.execution.nccl.library import IN_PROGRESS, SUCCESS, Comm, descri
 #    communicator fails with ncclInvalidArgument, "Attempt to use communicator before the
 #    previous operation returned ncclSuccess" (ncclCommEnsureReady), which nccl4py raises
 #    as NCCLError. So call wait_ready on every communicator after each group_end or
-#    ungrouped collective (calls.group_ready).
+#    ungrouped collective (lifecycle.wait_ready).
 #  * The price: NCCL 2.2x (src/group.cc ncclGroupEndInternal) starts a thread for
 #    *every* ncclGroupEnd of a non-blocking group, connected or not, and the group is
 #    in progress until that thread launched the kernels. A 25 MiB call at 2 x 1 (14

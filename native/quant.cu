@@ -54,36 +54,19 @@ __device__ __forceinline__ bool finite(float f) {
 
 // IEEE fp32 operations, round to nearest even, subnormals kept (no .ftz, whatever the
 // module's -ftz), never contracted: torch's CUDA kernels' arithmetic.
-__device__ __forceinline__ float f_add(float a, float b) {
-    float r;
-    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float f_sub(float a, float b) {
-    float r;
-    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float f_mul(float a, float b) {
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float f_div(float a, float b) {
-    float r;
-    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float f_min(float a, float b) {
-    float r;
-    asm("min.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float f_max(float a, float b) {
-    float r;
-    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
+#define RR_F32_OP(name, ptx)                                                     \
+    __device__ __forceinline__ float name(float a, float b) {                      \
+        float r;                                                                     \
+        asm(ptx " %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));                          \
+        return r;                                                                    \
+    }
+RR_F32_OP(f_add, "add.rn.f32")
+RR_F32_OP(f_sub, "sub.rn.f32")
+RR_F32_OP(f_mul, "mul.rn.f32")
+RR_F32_OP(f_div, "div.rn.f32")
+RR_F32_OP(f_min, "min.f32")
+RR_F32_OP(f_max, "max.f32")
+#undef RR_F32_OP
 
 // |f| as bits (fabsf would be abs.ftz under -ftz=true).
 __device__ __forceinline__ float f_abs(float f) {

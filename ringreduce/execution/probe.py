@@ -37,14 +37,10 @@ ROUNDS = 3
 WARMUP = 2
 
 
-def needed(res: Resources, config: Config) -> bool:
-    """Whether the plan is the probe's to choose (plan_without_probe said None)."""
-    return plan_without_probe(res, config) is None
-
-
 def plan_without_probe(res: Resources, config: Config) -> slicing.Choice | None:
     """The plan when nothing needs measuring: the user's, one machine, gloo (the
-    pipeline), one device per machine (the rail all-reduce is the call); else None."""
+    pipeline), one device per machine (the rail all-reduce is the call); else None
+    (build.py then leaves slicing.UNDECIDED, and the Communicator runs ``compare``)."""
     topo = res.topo
     if topo.machines == 1:
         return slicing.ONE_MACHINE

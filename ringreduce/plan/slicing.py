@@ -21,6 +21,7 @@ CPU, which the probe's device-side clock does not see when the device is the slo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 ONE_SLICE = "one-slice"
@@ -43,9 +44,9 @@ class Choice:
     def one_slice(self) -> bool:
         return self.plan == ONE_SLICE
 
-    @property
+    @functools.cached_property
     def why(self) -> str:
-        """One line for flight records and logs."""
+        """One line for flight records and logs (made once: every call records it)."""
         return f"plan={self.plan}: {self.reason}"
 
 

@@ -17,6 +17,12 @@
 #            capped 2x2. Every table against flat NCCL, two-level and, with the bf16 wire,
 #            NCCL in bf16 (torch's bf16_compress_hook); the summary adds per row NCCL best
 #            (the fastest algorithm, named) and the best reference.
+#   faithful on >= 2 GPUs only, the faithful setting: per link (FAITHFUL_LINKS, default 10gbit
+#            25gbit loopback) and topology (FAITHFUL_TOPOS, default 2x2 4x2) the fp32 sweep
+#            16M-256M and 16 x 25M against NCCL default and two-level, NCCL alone under its
+#            tree, on capped links NCCL with FAITHFUL_SOCKETS (4x4) socket threads x sockets
+#            (default and tree), and one call per wire format (benchmarks/compressed.py);
+#            the summary's NCCL best takes the fastest of them, named
 #   faults   pytest -m gpu -k fault under MPS, then the capped link cut: 2x2 soak, machine
 #            1's link set down after CUT_S seconds; every rank must end with
 #            RingReduceError within RINGREDUCE_TIMEOUT
@@ -50,8 +56,8 @@ set -u
 cd "$(dirname "$0")/.."
 . benchmarks/gpu_env.sh
 suite=${1:-}
-case "$suite" in tests|perf|faults|soak|dlrm|kernels|native|compressed|host) ;;
-  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels|native|compressed|host" >&2
+case "$suite" in tests|perf|faithful|faults|soak|dlrm|kernels|native|compressed|host) ;;
+  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|kernels|native|compressed|host" >&2
      exit 2 ;;
 esac
 R="$OUT/$suite"; W="$R/work"; rm -rf "$R"; mkdir -p "$W"
@@ -149,6 +155,41 @@ perf)
   done
   python3 -m ringreduce.benchmark.summary "$W"/*.json --json "$R/perf.json" \
     ${PLOT[@]+"${PLOT[@]}" "$R/perf.png"} > "$W/summary_body.txt" 2>&1 ;;
+faithful)
+  # The faithful setting only (>= 2 GPUs: a virtual machine's ranks on the GPUs there are,
+  # NVLink inside, MPS where virtual machines share GPUs), per link of FAITHFUL_LINKS and
+  # topology of FAITHFUL_TOPOS: the fp32 sweep (ringreduce, NCCL default, two-level), NCCL
+  # alone under its tree, on capped links NCCL alone with its socket transport tuned as a
+  # TCP user would (NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD = FAITHFUL_SOCKETS), and
+  # one AVG call per wire format (benchmarks/compressed.py: NCCL fp32, torch's bf16 hook).
+  export RINGREDUCE_TIMEOUT=${RINGREDUCE_TIMEOUT:-90}
+  FS=${FAITHFUL_SIZES:--b 16M -e 256M -f 4}; FB=${FAITHFUL_FLAGS:--n 3 -w 1 -r 2 -c 1}
+  socks=${FAITHFUL_SOCKETS:-4x4}
+  for link in ${FAITHFUL_LINKS:-10gbit 25gbit loopback}; do
+    L=(--link-cap "$link"); [ "$link" = loopback ] && L=(--mode loopback)
+    for topo in ${FAITHFUL_TOPOS:-2x2 4x2}; do
+      T=(--machines "${topo%x*}" --gpus-per-machine "${topo#*x}"); n="${topo}_$link"
+      EMU=$E_ALL bench "f_$n" 150 "${T[@]}" "${L[@]}" -- $FS $FB $BUCKETS
+      step "f_${n}_tree" 100 env NCCL_ALGO=allreduce:tree $E_ALL "${T[@]}" "${L[@]}" -- \
+        $FS $FB $BUCKETS --only-references --json "$W/f_${n}_tree.json"
+      if [ "$link" != loopback ] && [ -n "$socks" ]; then
+        for algo in default tree; do
+          A=(); [ "$algo" = tree ] && A=(NCCL_ALGO=allreduce:tree)
+          step "f_${n}_sockets_$algo" 100 env ${A[@]+"${A[@]}"} NCCL_SOCKET_NTHREADS="${socks%x*}" \
+            NCCL_NSOCKS_PERTHREAD="${socks#*x}" $E_ALL "${T[@]}" "${L[@]}" -- $FS $FB $BUCKETS \
+            --only-references --json "$W/f_${n}_sockets_$algo.json"
+        done
+      fi
+      [ -n "${FAITHFUL_WIRES-1}" ] && step "f_${n}_wires" 120 $E_ALL "${T[@]}" "${L[@]}" \
+        --script benchmarks/compressed.py -- --sizes "${COMPRESSED_SIZES:-16M,64M}" \
+        --rounds 3 --json "$W/f_${n}_wires.json"
+    done
+  done
+  { python3 -m ringreduce.benchmark.summary $(ls "$W"/f_*.json | grep -v _wires) \
+      --json "$R/faithful.json" \
+      ${PLOT[@]+"${PLOT[@]}" "$R/faithful.png"} 2>&1
+    for f in "$W"/f_*_wires.log; do [ -f "$f" ] || continue; echo "== $(basename "$f" .log)"
+      grep -E "^#|^ +[0-9]+ " "$f" | tail -14; done; } > "$W/summary_body.txt" ;;
 faults)
   step gpu_faults 240 python3 benchmarks/emulate.py --mps-only -- env $GPU_TESTS_ENV \
     python3 -m pytest -m gpu tests -k fault -p no:cacheprovider -v -rs

@@ -56,7 +56,14 @@ def link_of(meta: dict[str, Any]) -> str:
 
 
 def algo_of(meta: dict[str, Any]) -> str:
-    return nccl_algo_label(meta.get("nccl_env", {}).get("NCCL_ALGO"))
+    """NCCL's all-reduce algorithm, and its socket threads x sockets per thread where the
+    run set them (a TCP user's tuning of NCCL's socket transport, a reference of its own)."""
+    env = meta.get("nccl_env", {})
+    algo = nccl_algo_label(env.get("NCCL_ALGO"))
+    threads, socks = env.get("NCCL_SOCKET_NTHREADS"), env.get("NCCL_NSOCKS_PERTHREAD")
+    if threads or socks:
+        return f"{algo}, sockets {threads or '-'}x{socks or '-'}"
+    return algo
 
 
 def _group(meta: dict[str, Any], row: dict[str, Any]) -> tuple[Any, ...]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for GPU runs, one suite per device call:
 #
-#   bash benchmarks/gpu.sh tests|perf|faults|soak|dlrm|kernels|native
+#   bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|fsdp|kernels|native|compressed|host
 #
 #   tests    the GPU tests but the fault tests (pytest -m gpu -k "not fault"; TESTS_K) under
 #            a private CUDA MPS daemon with
@@ -29,6 +29,13 @@
 #   soak     SOAK_CALLS random exact calls at 2x2 (loopback), memory flat
 #   dlrm     DDP on NCCL vs the hook vs the backend, capped 2x2; the transformer (146
 #            buckets a step) NCCL vs hook at 2x2; DLRM at 4x2 if time is left
+#   fsdp     FSDP2 training of the transformer (issue 38, benchmarks/fsdp.py) on the faithful
+#            capped 2x2: plain FSDP2 and native HSDP on NCCL against ringreduce's
+#            reduce-scatter and custom-HSDP replicate all-reduce, fp32 and int8, fsdp-nccl at
+#            FSDP_SEEDS (3) seeds; then the NCCL modes alone under NCCL_ALGO=allreduce:tree
+#            (one process set each: NCCL reads it once); the same at 4x2 (one seed) if the
+#            budget is left; the summary per topology each NCCL mode at its faster algorithm
+#            (fsdp.py --merge) and every mode's ratio to those
 #   kernels  the kernel tests, benchmarks/kernel_bench.py, benchmarks/kernel_occupancy.py
 #   compressed  the quantized rail wires (issue 37) on the faithful 2x2 (>= 2 GPUs): their
 #            GPU tests with the construction and integration tests at 2x2, then one
@@ -56,8 +63,8 @@ set -u
 cd "$(dirname "$0")/.."
 . benchmarks/gpu_env.sh
 suite=${1:-}
-case "$suite" in tests|perf|faithful|faults|soak|dlrm|kernels|native|compressed|host) ;;
-  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|kernels|native|compressed|host" >&2
+case "$suite" in tests|perf|faithful|faults|soak|dlrm|fsdp|kernels|native|compressed|host) ;;
+  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|fsdp|kernels|native|compressed|host" >&2
      exit 2 ;;
 esac
 R="$OUT/$suite"; W="$R/work"; rm -rf "$R"; mkdir -p "$W"
@@ -229,6 +236,29 @@ dlrm)
     --script benchmarks/dlrm.py -- --modes nccl,hook,backend \
     --json "$W/dlrm_4x2.json" ${PLOT[@]+"${PLOT[@]}" "$W/dlrm_4x2.png"}
   grep -hvE "Warning|warn|^W1|^\[rank|^\s*$|socket.cpp|^###" "$W"/dlrm_*.log "$W"/transformer_*.log | tail -40 > "$W/summary_body.txt" ;;
+fsdp)
+  # Estimated on the faithful capped 2x2: fsdp-nccl ~0.2 s a step (fsdp_train.DEFAULT_SPEC
+  # says why), so 60 steps of six modes plus two more seeds ~100 s and start-up; the tree
+  # run two modes. At 4x2 eight ranks share the GPUs, hence one seed and its own limit.
+  export RINGREDUCE_TIMEOUT=${RINGREDUCE_TIMEOUT:-90}
+  for topo in 2x2 4x2; do
+    T=(--machines "${topo%x*}" --gpus-per-machine "${topo#*x}")
+    seeds=${FSDP_SEEDS:-3}; limit=${FSDP_S:-240}
+    [ "$topo" = 4x2 ] && { seeds=1; limit=${FSDP_4X2_S:-200}; }
+    step "fsdp_$topo" "$limit" $E_ALL "${T[@]}" $CAP --script benchmarks/fsdp.py -- \
+      --seeds "$seeds" ${FSDP_FLAGS:-} --json "$W/fsdp_$topo.json"
+    # NCCL reads NCCL_ALGO once per process: its tree (HSDP's all-reduce) runs apart
+    step "fsdp_${topo}_tree" ${FSDP_TREE_S:-120} env NCCL_ALGO=allreduce:tree $E_ALL "${T[@]}" \
+      $CAP --script benchmarks/fsdp.py -- --modes fsdp-nccl,hsdp-nccl ${FSDP_FLAGS:-} \
+      --json "$W/fsdp_${topo}_tree.json"
+  done
+  { for topo in 2x2 4x2; do
+      [ -f "$W/fsdp_$topo.json" ] || continue
+      tree=(); [ -f "$W/fsdp_${topo}_tree.json" ] && tree=("$W/fsdp_${topo}_tree.json")
+      echo "== fsdp_$topo"; grep -h "^# FSDP2" "$W/fsdp_$topo.log"
+      python3 benchmarks/fsdp.py --merge "$W/fsdp_$topo.json" ${tree[@]+"${tree[@]}"} \
+        --json "$W/fsdp_${topo}_best.json" 2>&1
+    done; } > "$W/summary_body.txt" ;;
 compressed)
   step compressed_tests ${TESTS_S:-240} python3 benchmarks/emulate.py --mps-only -- \
     env RINGREDUCE_GPU_TOPOLOGIES=2x2 RR_MPS=1 python3 -m pytest -m gpu \

@@ -221,13 +221,7 @@ def train_mode(mode: str, opts: Options, seed: int, work: Workload, batches: lis
                 start = synchronized(device, groups.plain)
                 calls_timed = comm.op_number if comm else 0
                 clock.on = True
-            optimizer.zero_grad()
-            loss = work.loss(ddp, batch)
-            loss.backward()
-            optimizer.step()
-            if schedule is not None:
-                schedule.step()
-            losses[step] = loss.detach()
+            losses[step] = work.step(ddp, batch, optimizer, schedule)
         seconds = torch.tensor([synchronized(device, groups.plain) - start], device=device)
         calls, timed_calls, described = (
             (comm.op_number - calls_before, comm.op_number - calls_timed, comm.describe())

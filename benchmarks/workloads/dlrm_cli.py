@@ -75,14 +75,14 @@ def table(runs: list[ModeRun]) -> str:
     return "\n".join(lines)
 
 
-def seed_spread(runs: list[ModeRun]) -> dict[str, Any] | None:
-    """nccl's final loss and target step at every seed, when it ran at more than one:
-    the differences between modes that the seed alone makes."""
-    nccl = [r for r in runs if r.mode == "nccl"]
+def seed_spread(runs: list[ModeRun], mode: str = "nccl") -> dict[str, Any] | None:
+    """``mode``'s final loss and target step at every seed, when it ran at more than
+    one: the differences between modes that the seed alone makes."""
+    nccl = [r for r in runs if r.mode == mode]
     if len(nccl) < 2:
         return None
     final = [r.final_loss for r in nccl]
-    return {"mode": "nccl", "seeds": [r.seed for r in nccl], "final_loss": final,
+    return {"mode": mode, "seeds": [r.seed for r in nccl], "final_loss": final,
             "final_loss_mean": statistics.fmean(final),
             "final_loss_spread": max(final) - min(final),
             "final_loss_stdev": statistics.stdev(final),

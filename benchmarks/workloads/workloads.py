@@ -67,6 +67,18 @@ class Workload:
             return adam, None
         return adam, LinearLR(adam, LR_WARMUP_START, 1.0, total_iters=self.lr_warmup)
 
+    def step(self, model: nn.Module, batch: Any, optimizer: torch.optim.Optimizer,
+             schedule: LRScheduler | None) -> torch.Tensor:
+        """One training step on ``batch``; its loss back, detached and left on the device
+        (reading it would synchronise inside the timed steps)."""
+        optimizer.zero_grad()
+        loss = self.loss(model, batch)
+        loss.backward()
+        optimizer.step()
+        if schedule is not None:
+            schedule.step()
+        return loss.detach()
+
 
 def dlrm_loss(model: nn.Module, batch: dlrm_model.Batch) -> torch.Tensor:
     """Mean binary cross-entropy of the click logits."""

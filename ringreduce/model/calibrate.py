@@ -7,6 +7,10 @@ is not a NIC. Within a setting, rows alternate between the fit set and the valid
 fit minimises the squared log error of ringreduce's and NCCL's predicted times over the
 fit rows, plus a weak pull of each cost towards its prior (the link's cap, NCCL's
 latencies, the measured host cost), by Nelder-Mead in log space (stdlib only).
+
+``python -m ringreduce.model --calibrate run.json`` fits a user's own benchmark JSON
+(:func:`run`, :func:`table`, :func:`summary`); the repository's validation against its
+committed results (benchmarks/model_validation/) runs the same fit over every folder.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .cluster import MEASURED_HOST_CALL_US, MEASURED_HOST_SLICE_US, Cluster
 from .nccl_cost import nccl_time_us, ring_time_us, tree_time_us
-from .results import Sample, nccl_algo_of
+from .results import Sample, exclusion, nccl_algo_of
 from .simulate import Options, steady_time_us
 
 #: Weight of the pull towards the prior, per cost, in squared log units: a cost moves
@@ -71,7 +76,7 @@ def cluster_for(sample: Sample, costs: Costs) -> Cluster:
 def options_for(sample: Sample) -> Options:
     return Options(itemsize=sample.itemsize, slice_bytes=sample.slice_bytes,
                    staging_bytes=sample.staging_bytes, min_bytes=sample.min_bytes,
-                   wire_factor=sample.wire_factor)
+                   wire_factor=sample.wire_factor, plan=sample.plan)
 
 
 def predict(sample: Sample, costs: Costs) -> tuple[float, float]:
@@ -164,3 +169,79 @@ def relative_errors(samples: Sequence[Sample], costs: Costs) -> list[float]:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+@dataclass(frozen=True)
+class Line:
+    sample: Sample
+    role: str
+    """"F": in the fit set; "V": validation only."""
+    rr_us: float
+    ref_us: float
+
+    def errors(self) -> tuple[float, float]:
+        return self.rr_us / self.sample.rr_us - 1, self.ref_us / self.sample.ref_us - 1
+
+
+@dataclass(frozen=True)
+class Report:
+    lines: list[Line]
+    costs: dict[str, Costs]
+    excluded: list[tuple[Sample, str]]
+
+    def median_error(self, role: str) -> float:
+        return median([abs(e) for ln in self.lines if ln.role == role for e in ln.errors()])
+
+
+def run(samples: Sequence[Sample]) -> Report:
+    """Exclude by rule, fit each setting on its fit rows, predict every kept row."""
+    kept: dict[str, list[Sample]] = defaultdict(list)
+    excluded = []
+    for s in samples:
+        reason = exclusion(s)
+        if reason is None:
+            kept[s.setting_key].append(s)
+        else:
+            excluded.append((s, reason))
+    lines: list[Line] = []
+    costs: dict[str, Costs] = {}
+    for key, group in sorted(kept.items()):
+        fit_rows, check_rows = split(group)
+        costs[key] = fit(fit_rows)
+        for role, rows in (("F", fit_rows), ("V", check_rows)):
+            lines.extend(Line(s, role, *predict(s, costs[key])) for s in rows)
+    return Report(lines, costs, excluded)
+
+
+def table(report: Report) -> str:
+    """Markdown: one row per measured row, errors signed (predicted / measured - 1)."""
+    out = ["| setting | file | M x D | size | buckets | role | ringreduce ms (model) | err "
+           "| NCCL ms (model) | err |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for ln in sorted(report.lines, key=lambda x: (x.sample.setting_key, x.sample.source,
+                                                 x.sample.buckets, x.sample.size)):
+        s, (e_rr, e_ref) = ln.sample, ln.errors()
+        out.append(f"| {s.setting_key} | {s.source} | {s.machines}x{s.gpus} | "
+                   f"{s.size / 2**20:g} MiB | {s.buckets} | {ln.role} | {s.rr_us / 1e3:.2f} "
+                   f"({ln.rr_us / 1e3:.2f}) | {e_rr:+.0%} | {s.ref_us / 1e3:.2f} "
+                   f"({ln.ref_us / 1e3:.2f}) | {e_ref:+.0%} |")
+    return "\n".join(out)
+
+
+def summary(report: Report) -> str:
+    v = [ln for ln in report.lines if ln.role == "V"]
+    reasons: dict[str, int] = defaultdict(int)
+    for _, why in report.excluded:
+        reasons[why] += 1
+    lines = [f"median |error| on validation rows (V, not fitted): "
+             f"{report.median_error('V'):.1%} over {2 * len(v)} predictions "
+             f"(ringreduce and NCCL); on fit rows (F): {report.median_error('F'):.1%}",
+             "excluded rows: " + (", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+                                  or "none")]
+    for key, c in report.costs.items():
+        multi = any(ln.sample.gpus > 1 for ln in report.lines if ln.sample.setting_key == key)
+        intra = (f"{c.intra_gbps:.0f} Gbit/s, {c.intra_lat_us:.0f} us" if multi
+                 else "unused (one GPU per machine)")
+        lines.append(f"costs [{key}]: net {c.net_gbps:.1f} Gbit/s/machine, "
+                     f"{c.net_lat_us:.0f} us; intra {intra}; host {c.host_call_us:.0f} us/call"
+                     f" + {c.host_slice_us:.0f} us/slice; NCCL at {c.nccl_eff:.2f} of the link")
+    return "\n".join(lines)

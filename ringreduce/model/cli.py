@@ -4,11 +4,11 @@
     python -m ringreduce.model --preset eth-100g --machines 4 16 --sizes 25M 1G
     python -m ringreduce.model --machines 8 --gpus-per-machine 4 --net-gbps 200 \\
         --intra-gbps 2400 --buckets 16 --sizes 25M --plot speedup.png
-    python -m ringreduce.model --validate                   # predictions vs benchmarks/results
-    python -m ringreduce.model --calibrate run.json         # fit costs to one benchmark JSON
+    python -m ringreduce.model --calibrate run.json         # fit costs to your benchmark JSON
 
 A MODEL, not a measurement: times are predictions from alpha-beta link costs, NCCL's own
-cost model and ringreduce's measured host cost per call and per slice.
+cost model and ringreduce's measured host cost per call and per slice. Its check against
+the repository's measurements runs from a checkout: python -m benchmarks.model_validation.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..config import parse_size
-from . import calibrate, results, validate
+from ..sizes import parse_size
+from . import calibrate, results
 from .cluster import DEFAULT_PRESET, PRESETS, Cluster
 from .nccl_cost import link_bound_us, nccl_algo, ring_time_us, tree_time_us
 from .plot import SWEEP
@@ -50,12 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="fp32 tensors cross the network in 16 bits (the engine's wire_dtype)")
     add("--plot", help="write predicted speedup against machine count (PNG)")
     add("--all-presets", action="store_true",
-        help="with --plot: every preset in one plot, titled with the validation error")
+        help="with --plot: every preset in one plot, with this run's host costs")
     add("--calibrate", type=Path, metavar="RESULTS_JSON",
-        help="fit the costs to a benchmark JSON; its host costs then price the cluster")
-    add("--validate", nargs="?", const=validate.DEFAULT_ROOT, type=Path, metavar="DIR",
-        help="fit and check against every results folder under DIR "
-             f"(default {validate.DEFAULT_ROOT})")
+        help="fit the costs to a benchmark JSON (python -m ringreduce.bench --json); its "
+             "host costs then price the cluster")
+    add("--validate", nargs="?", const=True, help=argparse.SUPPRESS)  # moved: main says where
     return p
 
 
@@ -112,9 +111,9 @@ def _size(n: int) -> str:
 def calibrated(c: Cluster, path: Path) -> Cluster:
     """Fit every setting of one benchmark JSON; print the costs and the fit; carry the
     host costs (a software property) over to the cluster, not the emulated links."""
-    report = validate.run(results.load_file(path))
-    print(validate.table(report))
-    print(validate.summary(report))
+    report = calibrate.run(results.load_file(path))
+    print(calibrate.table(report))
+    print(calibrate.summary(report))
     if not report.costs:
         raise SystemExit(f"--calibrate {path}: no benchmark rows the model can use")
     costs = list(report.costs.values())
@@ -122,12 +121,14 @@ def calibrated(c: Cluster, path: Path) -> Cluster:
                    host_slice_us=calibrate.median([k.host_slice_us for k in costs]))
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+def main(argv: list[str] | None = None, note: str = "") -> list[dict[str, Any]]:
+    """Print the prediction table (and plot); ``note``: a line more in the plot's title."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.validate:
-        validate.main(args.validate)
-        return []
+        parser.error("--validate moved out of the package (issue 39: the wheel holds the "
+                     "library, not the repository's measurements); from a checkout run "
+                     "python -m benchmarks.model_validation")
     if args.buckets < 1 or any(m < 1 for m in args.machines or ()):
         parser.error("--buckets and --machines must be at least 1")
     for flag in ("gpus_per_machine", "intra_gbps", "net_gbps", "machine_net_gbps"):
@@ -147,18 +148,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             for m in args.machines or SWEEP for s in args.sizes]
     print_table(base, rows, args.buckets)
     if args.plot:
-        _plot(args, base, o)
+        _plot(args, base, o, note)
     return rows
 
 
-def _plot(args: argparse.Namespace, base: Cluster, o: Options) -> None:
+def _plot(args: argparse.Namespace, base: Cluster, o: Options, note: str) -> None:
     from .plot import plot_speedup  # lazily: only --plot needs matplotlib
 
-    clusters, note = [base], ""
+    clusters = [base]
     if args.all_presets:
         clusters = [p.with_(host_call_us=base.host_call_us, host_slice_us=base.host_slice_us)
                     for p in PRESETS.values()]
-        report = validate.run(results.load(validate.DEFAULT_ROOT))
-        note = (f"host {base.host_call_us:g} us/call + {base.host_slice_us:g} us/slice; "
-                f"validation median |error| {report.median_error('V'):.0%} on emulated runs")
+        note = "; ".join(filter(None, (f"host {base.host_call_us:g} us/call + "
+                                       f"{base.host_slice_us:g} us/slice", note)))
     plot_speedup(args.plot, clusters, args.sizes[-1], args.buckets, o, note)

@@ -1,11 +1,10 @@
-"""The committed benchmark results, read as samples the model can predict.
+"""Benchmark results, read as samples the model can predict (``--calibrate``).
 
-Every ``benchmarks/results/*/*.json`` written by ``python -m ringreduce.bench`` (a
-``{"meta", "rows"}`` object) is read. The meta states machines, devices per machine, the
-link (``options.link_gbit``; none means loopback), NCCL's environment and the config. How
-the ranks sat on GPUs is not in the older files: :data:`FOLDER_SETTINGS` says it for those
-folders (from their README.md); newer files are read from their meta, so a new folder
-needs no code change.
+A JSON file written by ``python -m ringreduce.bench --json`` (a ``{"meta", "rows"}``
+object). The meta states machines, devices per machine, the link (``options.link_gbit``;
+none means loopback), NCCL's environment and the config, and how the ranks sat on GPUs
+(``fidelity``); files too old to say it take a ``known`` table of folder settings (the
+repository's validation has one: benchmarks/model_validation/validate.py).
 
 Rows the model cannot time are excluded by stated rules (:func:`exclusion`), never silently.
 """
@@ -14,11 +13,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..config import DEFAULT_MIN_BYTES, DEFAULT_STAGING_BYTES
+from ..plan.slicing import ONE_SLICE, PIPELINED
 
 DTYPE_BYTES = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int32": 4, "int64": 8}
 
@@ -36,16 +37,6 @@ class Setting:
     nccl_hosts: str = "machines"
     """What NCCL sees as hosts: one per virtual machine, or one per rank."""
 
-
-#: Folders whose JSON meta does not say how ranks sat on GPUs (each folder's README.md).
-FOLDER_SETTINGS: dict[str, Setting] = {
-    # two H200s, one rank per GPU: "2 x 1 on two GPUs"
-    "2026-11-23-h200x2-core": Setting(1, False, "none", "machines"),
-    # one H200, "both ranks on the one GPU", no MPS: the GPU time-slices between them
-    "2026-11-23-h200-graphs": Setting(2, False, "none", "machines"),
-    "2026-11-23-h200-host": Setting(2, False, "none", "machines"),
-    "2026-11-23-h200-overlap": Setting(2, False, "none", "machines"),
-}
 
 
 @dataclass(frozen=True)
@@ -70,19 +61,24 @@ class Sample:
     ref_us: float
     row: dict[str, Any]
     meta: dict[str, Any]
+    plan: str = PIPELINED
+    """The plan the engine took (the row's ``route``: "one-slice" since the construction
+    probe, else the pipeline)."""
 
 
-def setting_of(folder: str, meta: dict[str, Any]) -> Setting:
-    """The folder table first; else what the meta says: a ``fidelity`` dict of Setting's
-    fields, or benchmarks/emulate.py's fidelity sentence ("intra-machine traffic: loopback
-    sockets ... under MPS; NCCL sees 8 hosts; ...; GPUs 1, MPS on; CPU cores per rank
-    2.0"), or NCCL host ids with a rank suffix (``vm0r1``)."""
-    if folder in FOLDER_SETTINGS:
-        return FOLDER_SETTINGS[folder]
+def setting_of(folder: str, meta: dict[str, Any],
+               known: Mapping[str, Setting] | None = None) -> Setting:
+    """``known[folder]`` first (files whose meta does not say it); else what the meta
+    says: a ``fidelity`` dict of Setting's fields, or benchmarks/emulate.py's fidelity
+    sentence ("intra-machine traffic: loopback sockets ... under MPS; NCCL sees 8 hosts;
+    ...; GPUs 1, MPS on; CPU cores per rank 2.0"), or NCCL host ids with a rank suffix
+    (``vm0r1``)."""
+    if known and folder in known:
+        return known[folder]
     stated = meta.get("fidelity")
     if isinstance(stated, dict):
-        known = {k: stated[k] for k in Setting.__dataclass_fields__ if k in stated}
-        return Setting(**known)
+        fields = {k: stated[k] for k in Setting.__dataclass_fields__ if k in stated}
+        return Setting(**fields)
     text = stated if isinstance(stated, str) else json.dumps(meta)
     world = int(meta.get("world_size") or meta.get("world") or 0)
     hosts = re.search(r"sees (\d+) hosts?", text)
@@ -191,11 +187,12 @@ def exclusion(sample: Sample) -> str | None:
 CPU_BOUND = 0.9
 
 
-def _sample(path: Path, meta: dict[str, Any], row: dict[str, Any]) -> Sample | None:
+def _sample(path: Path, meta: dict[str, Any], row: dict[str, Any],
+            known: Mapping[str, Setting] | None) -> Sample | None:
     if not (row.get("rr_time_us") and row.get("ref_time_us") and meta.get("machines")):
         return None  # not a timed benchmark row (or a side that did not run)
     options, config = meta.get("options", {}), meta.get("config", {})
-    setting = setting_of(path.parent.name, meta)
+    setting = setting_of(path.parent.name, meta, known)
     itemsize = DTYPE_BYTES.get(row.get("type", "float"), 4)
     wire = 0.5 if config.get("wire_dtype") and itemsize == 4 else 1.0
     min_bytes = config.get("min_bytes")
@@ -212,7 +209,8 @@ def _sample(path: Path, meta: dict[str, Any], row: dict[str, Any]) -> Sample | N
         min_bytes=DEFAULT_MIN_BYTES if min_bytes is None else int(min_bytes),
         wire_factor=wire, link_gbit=link_gbit_of(meta),
         setting_key=setting_key(meta, setting), setting=setting,
-        rr_us=float(row["rr_time_us"]), ref_us=float(row["ref_time_us"]), row=row, meta=meta)
+        rr_us=float(row["rr_time_us"]), ref_us=float(row["ref_time_us"]), row=row, meta=meta,
+        plan=ONE_SLICE if route == ONE_SLICE else PIPELINED)
 
 
 def _slice_bytes(config: dict[str, Any], meta: dict[str, Any]) -> int | None:
@@ -225,8 +223,9 @@ def _slice_bytes(config: dict[str, Any], meta: dict[str, Any]) -> int | None:
     return int(fixed[1]) if fixed else None
 
 
-def load_file(path: Path) -> list[Sample]:
-    """The benchmark rows of one JSON file (other JSON files give none)."""
+def load_file(path: Path, known: Mapping[str, Setting] | None = None) -> list[Sample]:
+    """The benchmark rows of one JSON file (other JSON files give none); ``known``: the
+    settings of folders whose files' meta does not state them (:func:`setting_of`)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -234,10 +233,4 @@ def load_file(path: Path) -> list[Sample]:
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         return []
     meta = data.get("meta") or {}
-    return [s for row in data["rows"] if (s := _sample(path, meta, row)) is not None]
-
-
-def load(root: Path) -> list[Sample]:
-    """Every benchmark row under ``root`` (a results folder, or a folder of them)."""
-    files = sorted(root.glob("*.json")) + sorted(root.glob("*/*.json"))
-    return [s for f in files for s in load_file(f)]
+    return [s for row in data["rows"] if (s := _sample(path, meta, row, known)) is not None]

@@ -17,6 +17,12 @@ reduce_scatter/all_gather, the rail NIC share for collect/diffuse, device memory
 so stages that share a link queue on it, in the order they become ready. Several calls
 (buckets) continue the same streams, events and host clock, each starting at staging slot
 0 as the engine's calls do, so they overlap as the engine's do.
+
+The one-slice plan (plan/slicing.py, execution/one_slice.py: three collectives, one after
+the other, on one stream) has no pipeline to replay: :func:`one_slice_call_us` prices its
+call as the sum of the three, and the calls of an iteration follow one another on the
+device while the host issues them (:func:`one_slice_time_us`). ``Options.plan`` says which
+plan a call takes; the engine's construction probe chooses it on CUDA, so the model is told.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dataclasses import dataclass
 
 from ..config import DEFAULT_MIN_BYTES, DEFAULT_STAGING_BYTES, Config
 from ..plan import layout, schedule
+from ..plan.slicing import ONE_SLICE, PIPELINED, PLANS
 from .cluster import Cluster, gbps_to_bytes_per_us
 from .nccl_cost import nccl_time_us
 
@@ -45,6 +52,17 @@ class Options:
     min_bytes: int = DEFAULT_MIN_BYTES
     wire_factor: float = 1.0
     """Bytes on the network hop per byte of data: 0.5 with a 16-bit wire for fp32."""
+    plan: str = PIPELINED
+    """The engine's plan for hierarchical calls: "pipelined" or "one-slice" (the engine
+    takes one slice only where the wire is the tensor's dtype: execution/issue.py)."""
+
+    def __post_init__(self) -> None:
+        if self.plan not in PLANS:
+            raise ValueError(f"plan={self.plan!r} is not one of {PLANS}")
+        if self.plan == ONE_SLICE and self.wire_factor != 1.0:
+            raise ValueError(f"plan={self.plan!r} with wire_factor={self.wire_factor}: the "
+                             "engine sends a 16-bit wire through the pipeline, never one "
+                             "slice; use plan='pipelined'")
 
 
 def stage_cost(stage: str, numel: int, c: Cluster, o: Options) -> tuple[float, float]:
@@ -180,7 +198,46 @@ def ringreduce_time_us(size: int, c: Cluster, o: Options, buckets: int = 1) -> f
     """One iteration of ``buckets`` calls from an idle pipeline, host cost included."""
     if not hierarchical(c, o, size):
         return buckets * nccl_time_us(size, c)
+    if o.plan == ONE_SLICE:
+        return one_slice_time_us(size, c, o, buckets, 1)
     return iteration_ends(size, c, o, buckets)[0]
+
+
+def rail_cluster(c: Cluster) -> Cluster:
+    """A rail as NCCL sees it: M ranks, one a machine, each on 1/D of its machine's
+    network, because the machine's D rails all-reduce at the same time."""
+    return c.with_(name=f"{c.name} rail", gpus=1, net_gbps=c.net_gbps / c.gpus,
+                   nccl_hosts=None)
+
+
+def one_slice_call_us(size: int, c: Cluster, o: Options) -> float:
+    """Device time of one one-slice call of ``size`` bytes: three collectives in turn::
+
+        reduce_scatter(inside) ; all_reduce(rail, size / D) ; all_gather(inside)
+
+    The intra-machine two as the pipeline's stages cost (:func:`stage_cost`) on the whole
+    tensor; the rail's as NCCL's all-reduce (its tuner's pick) on :func:`rail_cluster`.
+    The tail of ``size mod D`` elements, all-reduced over the world in the rail's group,
+    is left out: fewer than D elements."""
+    n = size // o.itemsize
+    inside = sum(sum(stage_cost(st, n, c, o)) for st in ("reduce_scatter", "all_gather")) \
+        if c.gpus > 1 else 0.0
+    return inside + nccl_time_us(-(-size // c.gpus), rail_cluster(c))
+
+
+def one_slice_time_us(size: int, c: Cluster, o: Options, buckets: int, iters: int,
+                      host_call_us: float | None = None) -> float:
+    """Per-iteration time of ``iters`` iterations of ``buckets`` one-slice calls issued
+    back to back: the host issues a call in ``host_call_us`` (default: the engine's call
+    and one slice's cost, ``c.host_call_us + c.host_slice_us``) and never waits; the
+    device runs each call once issued and once the previous one is done (one stream)::
+
+        end(k) = max(host has issued call k, end(k - 1)) + one_slice_call_us"""
+    host = c.host_call_us + c.host_slice_us if host_call_us is None else host_call_us
+    call, end = one_slice_call_us(size, c, o), 0.0
+    for k in range(buckets * iters):
+        end = max((k + 1) * host, end) + call
+    return end / iters
 
 
 #: Iterations simulated for a benchmark row; more are extrapolated at the rate between
@@ -194,6 +251,8 @@ def steady_time_us(size: int, c: Cluster, o: Options, buckets: int, iters: int) 
     to back from an idle pipeline, total time divided by ``iters``."""
     if not hierarchical(c, o, size):
         return buckets * nccl_time_us(size, c)
+    if o.plan == ONE_SLICE:
+        return one_slice_time_us(size, c, o, buckets, iters)
     k = max(1, min(iters, SIMULATED_ITERATIONS))
     ends = iteration_ends(size, c, o, buckets, k)
     if k == iters:

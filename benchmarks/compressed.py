@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 import ringreduce
 from ringreduce.benchmark.launch import Launch, detect, run_ranks
-from ringreduce.config import parse_size
+from ringreduce.sizes import parse_size
 
 Reduce = Callable[[torch.Tensor], None]
 QUANTIZED = ("int8", "fp8", "int4")

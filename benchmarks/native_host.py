@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ringreduce
 from ringreduce.benchmark.launch import Launch, run_ranks
-from ringreduce.config import parse_size
+from ringreduce.sizes import parse_size
 
 BUCKETS = 8
 """Tensors the asynchronous calls go round (see rank_body)."""
@@ -142,8 +142,8 @@ def thread_kind(tid: int, name: str, python: dict[int | None, str]) -> str:
 DEFAULT_WAYS = ("native", "python")
 """Each issuer as configured by default (the pipeline pinned). Also accepted:
 ``native/8M`` (another slice size), ``native/p2p`` (diffuse as a send and a receive
-per other machine, RINGREDUCE_DIFFUSE_GATHER=0), ``native/nocheck`` (without the
-end-of-call check, RINGREDUCE_CHECK_CALL_END=0), and the plan (plan/slicing.py):
+per other machine, diffuse_gather=False), ``native/nocheck`` (without the
+end-of-call check, check_call_end=False), and the plan (plan/slicing.py):
 ``python/auto`` (chosen by the construction probe, as by default), ``python/one``
 (``plan="one-slice"``), ``native/piped`` (``plan="pipelined"``). Every other way
 pins the pipeline, so its issuer is what it measures."""
@@ -157,18 +157,15 @@ def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.C
     comms = {}
     for way in ways:
         issuer, _, variant = way.partition("/")
-        # read once, at construction (config.py)
-        os.environ["RINGREDUCE_ISSUER"] = issuer
-        os.environ["RINGREDUCE_CHECK_CALL_END"] = "0" if variant == "nocheck" else "1"
-        os.environ["RINGREDUCE_DIFFUSE_GATHER"] = "0" if variant == "p2p" else "1"
         slice_bytes = parse_size(variant) if variant[:1].isdigit() else None
         plan = PLANS.get(variant, "pipelined")
+        # issuer, check_call_end, diffuse_gather: Config's internal settings (config.py)
         comms[way] = ringreduce.Communicator(machines=machines, slice_bytes=slice_bytes,
-                                             plan=plan)
+                                             plan=plan, issuer=issuer,
+                                             check_call_end=variant != "nocheck",
+                                             diffuse_gather=variant != "p2p")
         described = comms[way].describe()
         assert described.endswith(f"issuer={issuer}"), described
-    for name in ("CHECK_CALL_END", "DIFFUSE_GATHER"):
-        del os.environ[f"RINGREDUCE_{name}"]
     return comms
 
 

@@ -1,20 +1,22 @@
 """Configuration: one frozen dataclass, and the only place that reads the environment.
 
-Every ``RINGREDUCE_*`` variable is read in :meth:`Config.from_env`; explicit
-constructor arguments of :class:`ringreduce.Communicator` win over the environment.
-The host identity used for machine detection (``NCCL_HOSTID``, host name, boot id)
+User knobs: Communicator's arguments, each with a ``RINGREDUCE_*`` variable (:data:`_ENV`,
+read by :meth:`Config.from_env`; an argument wins). :data:`INTERNAL` fields have no
+variable: keywords for the tests and measurements (docs/engineering.md). A set variable
+that is not read is named once. The host identity (``NCCL_HOSTID``, host name, boot id)
 is read here too, so that no other module touches ``os.environ``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import functools
+import logging
 import os
-import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 PLANS = ("one-slice", "pipelined")
 """Config.plan's values (plan/slicing.py says what each does)."""
@@ -49,26 +51,35 @@ DEFAULT_STAGING_BYTES = 64 * MiB
 #: all-reduce (a documented fast path).
 DEFAULT_MIN_BYTES = 2 * MiB
 
+log = logging.getLogger("ringreduce")
+
+#: The user knobs: Communicator's arguments and their variables (README's table).
+#: slice_bytes and staging_bytes are in DESIGN.md's API contract, so they stay knobs.
 _ENV = {
     "machines": "RINGREDUCE_MACHINES",
     "slice_bytes": "RINGREDUCE_SLICE_BYTES",
     "staging_bytes": "RINGREDUCE_STAGING_BYTES",
     "min_bytes": "RINGREDUCE_MIN_BYTES",
-    "rail_channels": "RINGREDUCE_RAIL_CHANNELS",
     "timeout_s": "RINGREDUCE_TIMEOUT",
-    "debug": "RINGREDUCE_DEBUG",
-    "check_new_calls": "RINGREDUCE_CHECK_NEW_CALLS",
-    "check_call_end": "RINGREDUCE_CHECK_CALL_END",
-    "flight_records": "RINGREDUCE_FLIGHT_RECORDS",
-    "flight_file": "RINGREDUCE_FLIGHT_FILE",
-    "wire_dtype": "RINGREDUCE_WIRE_DTYPE",
     "wire": "RINGREDUCE_WIRE",
     "wire_block": "RINGREDUCE_WIRE_BLOCK",
     "hook_feedback": "RINGREDUCE_HOOK_FEEDBACK",
-    "issuer": "RINGREDUCE_ISSUER",
-    "diffuse_gather": "RINGREDUCE_DIFFUSE_GATHER",
     "plan": "RINGREDUCE_PLAN",
+    "debug": "RINGREDUCE_DEBUG",
+    "flight_file": "RINGREDUCE_FLIGHT_FILE",
 }
+
+#: Fields without a variable, Communicator keywords for the tests and measurements that
+#: compare the engine's alternatives (docs/engineering.md, "Internal settings").
+INTERNAL = ("issuer", "diffuse_gather", "check_new_calls", "check_call_end")
+
+#: Variables read before issue 39 and no longer: Config.from_env names any that is set.
+_NOT_READ = {"RINGREDUCE_WIRE_DTYPE": "set RINGREDUCE_WIRE=bf16 or fp16 instead",
+             "RINGREDUCE_RAIL_CHANNELS": "removed", "RINGREDUCE_FLIGHT_RECORDS": "removed",
+             **{f"RINGREDUCE_{f.upper()}": f"internal now: Communicator({f}=...)"
+                for f in INTERNAL}}
+#: RINGREDUCE_* variables that are not the library's: the GPU tests' (tests/gpu.py).
+_OTHERS = frozenset({"RINGREDUCE_GPU_TOPOLOGIES"})
 
 #: Who issues a CUDA call's hierarchical work (Config.issuer).
 ISSUERS = ("native", "python")
@@ -119,12 +130,6 @@ class Config:
     """Tensors smaller than this take the flat all-reduce (``RINGREDUCE_MIN_BYTES``);
     0 forces the hierarchical path at every size."""
 
-    rail_channels: int | None = None
-    """NCCL channels per network peer on the rail communicators (``collect``,
-    ``diffuse``; ``RINGREDUCE_RAIL_CHANNELS``), set per communicator through
-    ``ncclConfig_t.nChannelsPerNetPeer``. ``None``: NCCL's default. Point-to-point
-    traffic to one peer uses few channels, hence few sockets, unless raised."""
-
     timeout_s: float = DEFAULT_TIMEOUT_S
     """Deadline of one operation in seconds (``RINGREDUCE_TIMEOUT``). On CUDA the
     watchdog aborts the NCCL communicators after it (it also bounds NCCL init and
@@ -137,48 +142,32 @@ class Config:
     instead of hanging or corrupting. Costs a store round trip per call."""
 
     check_new_calls: bool = True
-    """Check, the same way, the first call of every (kind, numel, dtype, op) a rank has
-    not made before (``RINGREDUCE_CHECK_NEW_CALLS``; 0 turns it off). NCCL's send/recv
-    do not compare sizes: a rank whose peer calls with a dtype of another width
-    returned wrong values as success (seen on H100).
-    One store round trip per new kind of call, none in a steady stream of DDP buckets;
-    ranks that swap two calls each has made before are ``check_call_end``'s."""
+    """Internal. Compare across ranks, through the store, the first call of every (kind,
+    numel, dtype, op) a rank has not made before: NCCL's send/recv do not compare sizes,
+    so a peer calling with a dtype of another width returned wrong values as success."""
 
     check_call_end: bool = True
-    """End every hierarchical all_reduce with an all-reduce of its signature (numel,
-    dtype, op) over every rank, compared on the device (``RINGREDUCE_CHECK_CALL_END``;
-    0 turns it off; safety/signature.py). It catches what the store checks leave:
-    ranks that swap calls each has made before. No rank can finish a call before every
-    rank reached its end, and ranks that reach it with different calls fail there,
-    naming both. CUDA (with cupy) and the CPU path; execution/call_check.py says over
-    which communicators."""
-
-    flight_records: int = 64
-    """Operations kept by the flight recorder (``RINGREDUCE_FLIGHT_RECORDS``); they
-    are dumped to the log when an operation fails."""
+    """Internal. End every hierarchical all_reduce with an all-reduce of its signature
+    (numel, dtype, op) over every rank (safety/signature.py): ranks that swap two calls
+    each has made before fail there, naming both, instead of returning wrong values."""
 
     flight_file: str | None = None
-    """Also write the flight recorder's dump, as JSON, to this path
-    (``RINGREDUCE_FLIGHT_FILE``; ``{rank}`` in it is replaced by the rank)."""
+    """Also write the flight recorder's dump (the last operations, written to the log
+    when one fails), as JSON, to this path (``RINGREDUCE_FLIGHT_FILE``; ``{rank}`` in it
+    is replaced by the rank)."""
 
     wire_dtype: str | None = None
-    """``"bfloat16"`` or ``"float16"`` (``RINGREDUCE_WIRE_DTYPE``): float32 tensors
-    cross the network (collect, diffuse) in this format, halving the bytes on the
-    slow link; reduce-scatter, all-gather and the add stay in float32. Each reduced
-    element is rounded to the wire format once, on every machine alike, so all
-    ranks end with identical values. Other dtypes and the flat route are unaffected."""
+    """``"bfloat16"`` or ``"float16"``: ``wire``'s older spelling for 16 bits, a
+    constructor alias without a variable of its own (``RINGREDUCE_WIRE=bf16``)."""
 
     wire: str | None = None
-    """The network hop's format (``RINGREDUCE_WIRE``): ``"bf16"``/``"fp16"`` (the same
-    as ``wire_dtype``, its older spelling: float32 tensors only, pipelined), or
-    ``"int8"``, ``"fp8"`` (e4m3), ``"int4"``: float32, bfloat16 and float16 tensors
-    of SUM and AVG calls cross the rail quantized in blocks of ``wire_block`` elements,
-    one fp32 scale each, on the unpipelined compressed route (execution/compressed.py):
-    fp32 everywhere else, fp32 accumulation, and every rank ends with bit-identical
-    values. MAX/MIN and other dtypes keep the tensor's own format, and calls below
-    ``min_bytes`` or on one machine take the flat route, exact, as ever. A block holding
-    inf or nan comes back non-finite as a whole. ``None``: the tensor's dtype. A call
-    may override it (``all_reduce(t, wire="int8", feedback="key")``)."""
+    """The network hop's format (``RINGREDUCE_WIRE``): ``"bf16"``/``"fp16"`` (float32
+    tensors, pipelined: collect and diffuse in 16 bits, every reduced element rounded once
+    alike on every machine), or ``"int8"``, ``"fp8"`` (e4m3), ``"int4"``: float32 and
+    16-bit tensors of SUM and AVG calls cross the rail quantized in blocks of
+    ``wire_block`` elements (execution/compressed.py), fp32 elsewhere; every rank ends
+    with identical values. MAX/MIN, other dtypes and the flat route keep the tensor's
+    format. ``None``: the tensor's dtype. A call may override it (``wire=``)."""
 
     wire_block: int = DEFAULT_WIRE_BLOCK
     """Elements per quantization block of the 8- and 4-bit wires (``RINGREDUCE_WIRE_BLOCK``;
@@ -191,27 +180,14 @@ class Config:
     rank and bucket)."""
 
     issuer: str | None = None
-    """CUDA only: who issues a pipelined call's work (``RINGREDUCE_ISSUER``).
-    ``"python"``: the pipeline's step loop, from Python on the caller's thread.
-    ``"native"``: the same calls recorded once per kind of call and replayed from C++
-    on the caller's thread without the GIL (ringreduce/execution/native.py,
-    native/issuer.cpp): 0.3-0.5 ms of host time per 25 MiB call against 1.3-2.3 ms
-    from Python (results 2026-11-26-h100x2-plan-probe). ``None``: native where it can
-    run (the extension is built, cupy imports), else python, with the reason logged
-    once; an explicit native that cannot run is an error. The one-slice plan, the flat
-    route, captures and the block collectives are issued from Python.
-    ``python -m ringreduce.info`` says which issuer a CUDA call would use and why."""
+    """Internal, CUDA only: who issues a pipelined call's work. ``"python"``: the step
+    loop; ``"native"``: the calls recorded once and replayed from C++ without the GIL
+    (execution/native.py). ``None``: native where it can run, else python (logged once);
+    an explicit native that cannot run is an error. ``ringreduce.info`` says which."""
 
     diffuse_gather: bool = True
-    """Without a wire format, diffuse is one in-place all-gather on the rail
-    communicator (a rail's ranks are its machines, in order, and view[d] is their
-    rows) instead of a send and a receive per other machine
-    (``RINGREDUCE_DIFFUSE_GATHER``; 0: the sends and receives). The same bytes to the
-    same peers in one NCCL operation instead of 2(M-1): measured (H100 under MPS, same
-    processes), 6-19% less host time in NCCL's group calls at 4 x 2, no difference at
-    2 x 2 (one collective costs about what a send and a receive cost), DDP unchanged.
-    With a wire format the rows travel through the staging slot, which has no row of
-    this machine's own, so diffuse sends and receives."""
+    """Internal. Without a wire format, diffuse is one all-gather on the rail
+    communicator instead of a send and a receive per other machine (False)."""
 
     plan: str | None = None
     """How a hierarchical all-reduce is issued (``RINGREDUCE_PLAN``; plan/slicing.py):
@@ -235,9 +211,7 @@ class Config:
         if self.plan is not None and self.plan not in PLANS:
             raise ValueError(f"plan={self.plan!r} is not supported; use one of "
                              f"{PLANS} or None (chosen by a probe)")
-        if self.flight_records < 0:
-            raise ValueError(f"flight_records={self.flight_records!r} must be >= 0")
-        for name in ("machines", "slice_bytes", "rail_channels"):
+        for name in ("machines", "slice_bytes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be a positive int or None")
@@ -270,17 +244,17 @@ class Config:
                  **overrides: object) -> Config:
         """The fields' defaults, then ``defaults`` (what the caller's context implies,
         such as the process group's timeout), then ``RINGREDUCE_*`` variables, then
-        non-None ``overrides``."""
+        non-None ``overrides``. Set variables that are not read are named once."""
         values: dict[str, object] = dict(defaults or {})
         kinds = {f.name: f.default for f in dataclasses.fields(cls)}
+        _warn_not_read(frozenset(k for k in os.environ if k.startswith("RINGREDUCE_")))
         for field, var in _ENV.items():
             raw = os.environ.get(var)
             if raw is not None and raw.strip():
                 values[field] = _parse(var, raw.strip(), kinds[field])
         given = {k: v for k, v in overrides.items() if v is not None}
-        for one, other in (("wire", "wire_dtype"), ("wire_dtype", "wire")):
-            if one in given and other not in given:
-                values.pop(other, None)  # an explicit format wins over the other spelling's
+        if "wire_dtype" in given and "wire" not in given:
+            values.pop("wire", None)  # an explicit format wins over RINGREDUCE_WIRE
         values.update(given)
         return dataclasses.replace(cls(), **values)  # type: ignore[arg-type]  # checked by __post_init__
 
@@ -299,9 +273,30 @@ class Config:
                    MIN_CALL_SHARD_BYTES * devices * machines)
 
 
+def internal_settings(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given``, checked to name only :data:`INTERNAL` fields (Communicator's keywords)."""
+    unknown = sorted(set(given) - set(INTERNAL))
+    if unknown:
+        raise TypeError(f"Communicator got unexpected keyword arguments {unknown}; besides "
+                        f"its documented ones it takes only the internal {list(INTERNAL)}")
+    return dict(given)
+
+
 def env_name(field: str) -> str:
-    """The ``RINGREDUCE_*`` variable of a Config field (for messages)."""
+    """The ``RINGREDUCE_*`` variable of a Config field (for messages); "" if it has none."""
     return _ENV.get(field, "")
+
+
+@functools.cache  # once per set of variables: a process constructs many Configs
+def _warn_not_read(names: frozenset[str]) -> None:
+    """Warn about set ``RINGREDUCE_*`` variables the library does not read: a variable
+    from an older version (it would otherwise change nothing, silently) or a typo."""
+    for name in sorted(names - set(_ENV.values()) - _OTHERS):
+        if name in _NOT_READ:
+            log.warning("ringreduce: %s is set but no longer read (%s)", name, _NOT_READ[name])
+        else:
+            log.warning("ringreduce: %s is set but is not a ringreduce variable (those read: "
+                        "%s)", name, ", ".join(_ENV.values()))
 
 
 def _parse(var: str, raw: str, default: object) -> object:
@@ -314,8 +309,7 @@ def _parse(var: str, raw: str, default: object) -> object:
         if isinstance(default, float):
             return float(raw)
         if isinstance(default, str) or var in (  # str or None
-                "RINGREDUCE_FLIGHT_FILE", "RINGREDUCE_WIRE_DTYPE", "RINGREDUCE_WIRE",
-                "RINGREDUCE_ISSUER", "RINGREDUCE_PLAN"):
+                "RINGREDUCE_FLIGHT_FILE", "RINGREDUCE_WIRE", "RINGREDUCE_PLAN"):
             return raw
         return int(raw, 0)
     except ValueError:
@@ -334,18 +328,3 @@ def host_identity() -> str:
     except OSError:
         boot = ""
     return f"{socket.gethostname()}/{boot}"
-
-
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}  # nccl-tests: powers of 1024
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)B?\s*", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """A size as the command lines take it: ``64M`` -> 67108864, ``1.5G``, ``4096``
-    (powers of 1024, like nccl-tests' -b/-e); for argparse's ``type=``."""
-    match = _SIZE.fullmatch(text)
-    if not match:
-        raise argparse.ArgumentTypeError(
-            f"size {text!r}: expected a number with an optional K, M or G suffix, e.g. 64M")
-    return int(float(match[1]) * _SIZE_UNITS[match[2].upper()])
-

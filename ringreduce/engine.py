@@ -1,5 +1,6 @@
-"""Communicator: the public object. Checks input, numbers and records a call, hands
-it to execution/issue.py, which routes and issues it and hands out futures.
+"""Communicator: the public object. Builds its state, checks input and hands a call
+to engine_calls.py (its base class: numbering, the flight record), which hands it to
+execution/issue.py, which routes and issues it and hands out futures.
 
 A call takes one of three routes, each a deliberate decision:
   * one machine (M == 1), or a tensor below ``min_bytes``: NCCL's (gloo's) own flat
@@ -15,30 +16,28 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ringreduce.config import Config, host_identity
-from ringreduce.errors import RingReduceError
+from ringreduce.config import Config, internal_settings
+from ringreduce.engine_calls import Calls
 from ringreduce.execution import collectives, compressed, compressed_scatter, probe, quant
-from ringreduce.execution.build import build_resources, group_store
+from ringreduce.execution.build import build_resources, device_of, group_store, host_of
 from ringreduce.execution.context import CallContext
-from ringreduce.execution.issue import Issuer, as_torch_future, untracked
+from ringreduce.execution.describe import describe, flat_note
+from ringreduce.execution.issue import Issuer, untracked
 from ringreduce.execution.resources import Resources
-from ringreduce.plan import slicing, topology
-from ringreduce.plan.topology import Topology
+from ringreduce.plan import slicing
 from ringreduce.safety import agreement, checks
-from ringreduce.safety.flight import Record
 
 log = logging.getLogger("ringreduce")
 
 _WIRE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-class Communicator:
+class Communicator(Calls):
     """Hierarchical all-reduce over ``group`` (default: the whole world).
 
     Collective: every rank of the group constructs it, in the same order as other
@@ -46,8 +45,9 @@ class Communicator:
     Calls from several threads are serialised; every rank must make them in the same
     order, as for any collective. See Config for ``machines``, ``slice_bytes``, ``staging_bytes``,
     ``min_bytes``, ``wire`` (``wire_dtype``: its older spelling, a torch dtype),
-    ``wire_block``, ``plan``, ``timeout_s``, ``debug`` and ``hook_feedback``; explicit
-    arguments win over ``RINGREDUCE_*`` variables.
+    ``wire_block``, ``plan``, ``timeout_s``, ``debug``, ``hook_feedback`` and
+    ``flight_file``; explicit arguments win over ``RINGREDUCE_*`` variables. ``internal``:
+    Config's internal fields (config.INTERNAL, for tests and measurements; no variables).
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, machines: int | None = None,
@@ -56,7 +56,8 @@ class Communicator:
                  wire: str | None = None,
                  wire_block: int | None = None, plan: str | None = None,
                  timeout_s: float | None = None, debug: bool | None = None,
-                 hook_feedback: bool | None = None) -> None:
+                 hook_feedback: bool | None = None, flight_file: str | None = None,
+                 **internal: Any) -> None:
         if not dist.is_initialized():
             raise RuntimeError("ringreduce.Communicator needs torch.distributed: call "
                                "dist.init_process_group(...) first")
@@ -70,13 +71,14 @@ class Communicator:
                                      wire_dtype=_wire_name(wire_dtype),
                                      wire=wire, wire_block=wire_block, plan=plan,
                                      timeout_s=timeout_s, debug=debug,
-                                     hook_feedback=hook_feedback)
-            host = _host(config, rank, world)
+                                     hook_feedback=hook_feedback, flight_file=flight_file,
+                                     **internal_settings(internal))
+            host = host_of(config, rank, world)
         except (ValueError, TypeError) as exc:
             agreement.refuse(store, rank, f"{type(exc).__name__}: {exc}")
             raise
         self.config = config
-        self._setup(store, rank, world, _device_of(group), host)
+        self._setup(store, rank, world, device_of(group), host)
 
     @classmethod
     def _on_store(cls, store: dist.Store, rank: int, world: int, device: torch.device, *,
@@ -87,25 +89,13 @@ class Communicator:
         self = cls.__new__(cls)
         try:
             config = Config.from_env(defaults, **settings)
-            host = _host(config, rank, world)
+            host = host_of(config, rank, world)
         except (ValueError, TypeError) as exc:
             agreement.refuse(store, rank, f"{type(exc).__name__}: {exc}")
             raise
         self.config = config
         self._setup(store, rank, world, device, host)
         return self
-
-    @property
-    def config(self) -> Config:
-        """The effective settings. Replacing it (``dataclasses.replace``) changes what
-        is read per call (``min_bytes``, ``debug``) from the next call on."""
-        return self._config
-
-    @config.setter
-    def config(self, value: Config) -> None:
-        self._config = value
-        if "_issuer" in self.__dict__:
-            self._issuer.config = value
 
     def _setup(self, store: dist.Store, rank: int, world: int, device: torch.device,
                host: str) -> None:
@@ -124,33 +114,13 @@ class Communicator:
             self._res.guard.recorder.forget()
         if self._res.topo.rank == 0:
             log.info("ringreduce: %s", self.describe())
-            note = _flat_note(self._res.topo, self.config, host)
+            note = flat_note(self._res.topo, self.config, host)
             if note:
                 log.warning("ringreduce: %s", note)
 
-    @property
-    def topology(self) -> Topology:
-        """machines, devices_per_machine, machine_index, device_index (and ranks)."""
-        return self._res.topo
-
-    @property
-    def op_number(self) -> int:
-        """The number of the latest call; the construction probe's calls
-        (execution/probe.py, CUDA) are numbered first."""
-        return self._op_number
-
     def describe(self) -> str:
         """The effective configuration, one line (logged once on rank 0)."""
-        t, r, c = self._res.topo, self._res, self.config
-        return (f"{t.machines} machines x {t.devices_per_machine} devices, "
-                f"{'cuda (nccl ' + str(r.nccl_version) + ')' if r.is_cuda else 'cpu (gloo)'}, "
-                f"plan={r.plan.plan} ({r.plan.reason}), "
-                f"slice_bytes={_slice_range(r)}, staging_bytes={c.staging_bytes} "
-                f"({r.staging_slots} slots), min_bytes={c.min_bytes}, "
-                f"rail_channels={c.rail_channels or 'nccl default'}, "
-                f"wire={_wire_text(c)}, diffuse_gather={int(c.diffuse_gather)}, "
-                f"check_call_end={int(r.call_check is not None)}, "
-                f"issuer={r.native.mode if r.native is not None else 'python'}")
+        return describe(self._res, self.config)
 
     def all_reduce(self, t: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                    async_op: bool = False, *, wire: str | None = None,
@@ -303,75 +273,11 @@ class Communicator:
                           lambda rec: run(out, inp, issuer.ctx(rec), None),
                           "hierarchical" if hier else "flat")
 
-    def _call(self, kind: str, t: torch.Tensor, op: str, async_op: bool, result: torch.Tensor,
-              on_cuda: Callable[[Record], Any], on_cpu: Callable[[Record], Any],
-              route: str = "") -> torch.futures.Future[torch.Tensor] | None:
-        """What every collective shares: the call check, numbering, the flight record;
-        then issue.py issues CUDA work here or queues CPU work in order (and poisons the
-        communicator after a failure)."""
-        with self._calls:
-            guard = self._res.guard
-            if self.config.debug:
-                guard.agree(self._op_number + 1, t, op, kind)
-            elif self.config.check_new_calls:
-                guard.agree_if_new(self._op_number + 1, t, op, kind)
-            self._op_number += 1
-            record = guard.recorder.begin(self._op_number, t.numel(), str(t.dtype), op, route,
-                                          kind)
-            if self._res.is_cuda:
-                return self._issuer.issue_cuda(record, on_cuda)
-            job = self._issuer.queue_cpu(record, on_cpu)
-            if async_op:
-                return as_torch_future(job, result)
-        job.result()  # outside the lock: other threads may queue behind this call meanwhile
-        return None
-
-    def _usable(self) -> None:
-        """Closed or poisoned communicators refuse work before anything is checked."""
-        if self._closed:
-            raise RingReduceError("this ringreduce.Communicator is closed; create a new one")
-        self._res.guard.check_usable()
-
-    def raise_if_failed(self, op_number: int) -> None:
-        """Raise RingReduceError if operation ``op_number`` (or one before it) failed;
-        on CUDA as far as the watchdog knows now (it never waits for the device)."""
-        self._res.guard.raise_if_failed(op_number)
-
-    def wait_idle(self, timeout_s: float | None = None) -> bool:
-        """Block the host until every issued call finished on the device (True), or
-        ``timeout_s`` passed (False). Raises RingReduceError when an operation failed
-        (a dead or hung peer, after the deadline at most), or the communicator is
-        closed. The CPU path: until the queued calls ran."""
-        if self._closed:  # its worker and streams are gone: say so, not what broke inside
-            raise RingReduceError("this ringreduce.Communicator is closed; create a new one")
-        if not self._res.is_cuda:
-            self._issuer.wait_cpu()
-            self._res.guard.check_usable()
-            return True
-        return self._res.wait_idle(timeout_s)
-
-    def close(self) -> None:
-        """Finish outstanding work and release communicators. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._issuer.close()
-        self._res.release()
-
     def __enter__(self) -> Communicator:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _device_of(group: dist.ProcessGroup) -> torch.device:
-    """CUDA when the group can run NCCL (its backend is nccl, or ringreduce's own with
-    GPUs present), on the current device, as torch's NCCL group does; else the CPU."""
-    backend = str(dist.get_backend(group)).lower()
-    if "nccl" in backend or ("ringreduce" in backend and torch.cuda.is_available()):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _wire_name(wire_dtype: torch.dtype | None) -> str | None:
@@ -383,39 +289,3 @@ def _wire_name(wire_dtype: torch.dtype | None) -> str | None:
         raise TypeError(f"wire_dtype={wire_dtype} is not supported; use torch.bfloat16, "
                         "torch.float16 or None")
     return name
-
-
-def _wire_text(config: Config) -> str:
-    """The wire format for describe()."""
-    if config.wire is None:
-        return "tensor dtype"
-    return f"{config.wire} (blocks of {config.wire_block})" if config.wire in quant.FORMATS \
-        else config.wire
-
-
-def _host(config: Config, rank: int, world: int) -> str:
-    """This rank's host identity: its virtual machine with ``machines=K`` (the group's
-    ranks in K machines of contiguous ranks), else the real host's (NCCL_HOSTID, or
-    host name and boot id)."""
-    if config.machines is not None:
-        return topology.virtual_host(rank, world, config.machines)
-    return host_identity()
-
-
-def _flat_note(topo: Topology, config: Config, host: str) -> str:
-    """What to tell the user when a group of several ranks takes only the flat route
-    ("" when the hierarchy serves it)."""
-    if topo.flat_reason:
-        return f"every call takes the flat all-reduce: {topo.flat_reason}"
-    if topo.machines > 1 or topo.world_size == 1 or config.machines is not None:
-        return ""
-    return (f"all {topo.world_size} ranks of this group are on one machine ({host!r}), so "
-            "every call takes NCCL's (gloo's) own all-reduce, the fastest there; to emulate "
-            "K machines on one host pass machines=K (RINGREDUCE_MACHINES) or give each "
-            "machine's ranks their own NCCL_HOSTID")
-
-
-def _slice_range(res: Resources) -> str:
-    """``4194304``, or ``1048576..4194304`` when the slice size follows the call size."""
-    low, high = res.smallest_slice_bytes, res.slice_bytes
-    return f"{low}..{high}" if 0 < low < high else str(high)

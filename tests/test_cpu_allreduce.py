@@ -84,15 +84,16 @@ def test_one_slice_plan_is_exact(machines: int, devices: int) -> None:
 
 
 def _diffuse_p2p_worker(rank: int, world: int) -> None:
-    """Diffuse as a send and a receive per other machine (RINGREDUCE_DIFFUSE_GATHER=0),
-    with two other machines: the same results as the all-gather."""
-    with ringreduce.Communicator(machines=3, min_bytes=0, slice_bytes=256) as comm:
+    """Diffuse as a send and a receive per other machine (the internal
+    diffuse_gather=False), with two other machines: the same results as the all-gather."""
+    with ringreduce.Communicator(machines=3, min_bytes=0, slice_bytes=256,
+                                 diffuse_gather=False) as comm:
         assert comm.config.diffuse_gather is False and "diffuse_gather=0" in comm.describe()
         assert sweep(comm, sizes_for(2, 3), CPU, dtypes=(torch.float32, torch.int64)) > 0
 
 
 def test_diffuse_by_sends_and_receives_is_exact() -> None:
-    run_test_ranks(_diffuse_p2p_worker, 6, env={"RINGREDUCE_DIFFUSE_GATHER": "0"})
+    run_test_ranks(_diffuse_p2p_worker, 6)
 
 
 def _slices_worker(rank: int, world: int) -> None:

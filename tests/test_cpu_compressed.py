@@ -115,10 +115,10 @@ def test_config_wire_names_and_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RINGREDUCE_WIRE_BLOCK", "64")
     config = ringreduce.Config.from_env()
     assert (config.wire, config.wire_block) == ("fp8", 64)
-    monkeypatch.delenv("RINGREDUCE_WIRE")
-    monkeypatch.setenv("RINGREDUCE_WIRE_DTYPE", "float16")  # the older spelling
-    assert ringreduce.Config.from_env().wire == "fp16"
     assert ringreduce.Config.from_env(wire="int8").wire == "int8"  # an argument wins
+    assert ringreduce.Config.from_env(wire_dtype="float16").wire == "fp16"  # the alias wins
+    monkeypatch.delenv("RINGREDUCE_WIRE")
+    assert ringreduce.Config.from_env(wire_dtype="float16").wire == "fp16"  # older spelling
 
 
 @pytest.mark.parametrize("name", list(quant.FORMATS))

@@ -29,18 +29,21 @@ from .multiproc import run_test_ranks
 
 DEADLINE = 3.0
 SLACK = 8.0  # process scheduling on a 2-core CI machine with 4 ranks
-ENV = {"RINGREDUCE_TIMEOUT": str(DEADLINE), "RINGREDUCE_CHECK_NEW_CALLS": "0"}
-"""The faults hit the pipeline: the calls here stand for a training step's calls, which
-every rank has made before and the new-call check therefore skips (it has tests of its
-own below; with it on, a dead peer at a new kind of call ends in that check instead)."""
+ENV = {"RINGREDUCE_TIMEOUT": str(DEADLINE)}
+KNOWN_CALLS = {"check_new_calls": False}
+"""The faults hit the pipeline (their workers pass KNOWN_CALLS): the calls here stand for a
+training step's calls, which every rank has made before and the new-call check therefore
+skips (it has tests of its own below; with it on, a dead peer at a new kind of call ends in
+that check instead)."""
 CPU = torch.device("cpu")
 STAGE_ERROR = (r"stage '(reduce_scatter|collect|diffuse|all_gather)' failed on rank \d "
                r"in operation #2 \(slice \d+, tensor of {n} x torch.float32\), peers")
 BIG = 8 << 20  # 32 MiB: 8 slices, long enough on gloo that a fault lands mid-operation
 
 
-def _healthy() -> ringreduce.Communicator:
-    comm = ringreduce.Communicator(machines=2, min_bytes=0)
+def _healthy(**internal: bool) -> ringreduce.Communicator:
+    """``internal``: Config's internal settings (check_new_calls, check_call_end)."""
+    comm = ringreduce.Communicator(machines=2, min_bytes=0, **internal)
     t = torch.ones(10)
     comm.all_reduce(t)  # everyone healthy first: the gloo pairs are connected
     assert torch.equal(t, torch.full_like(t, 4.0))
@@ -65,7 +68,7 @@ def _carry_on(rank: int, ranks: Sequence[int], machines: int) -> None:
 
 
 def _absent_worker(rank: int, world: int, folder: str) -> None:
-    comm = _healthy()
+    comm = _healthy(**KNOWN_CALLS)
     if rank == 3:  # alive, its communicator too, but it never makes the second call
         faults.meet("carried_on", 4)
         comm.close()
@@ -87,7 +90,7 @@ def test_rank_that_never_calls_becomes_an_error() -> None:
 
 
 def _killed_worker(rank: int, world: int) -> None:
-    comm = _healthy()
+    comm = _healthy(**KNOWN_CALLS)
     if rank == 3:
         comm.all_reduce(torch.ones(BIG), async_op=True)
         time.sleep(0.1)
@@ -105,7 +108,7 @@ def _stopped_worker(rank: int, world: int) -> None:
     """Rank 3 stops (SIGSTOP) in the middle of an operation and stays stopped past the
     deadline: its sockets stay open, so nothing but the deadline can tell. Rank 0 kills
     it once the survivors carried on without it."""
-    comm = _healthy()
+    comm = _healthy(**KNOWN_CALLS)
     if rank == 3:
         faults.store().set("stopped_pid", str(os.getpid()))
         comm.all_reduce(torch.ones(BIG), async_op=True)
@@ -128,7 +131,7 @@ def _cut_worker(rank: int, world: int, link: netns.Link) -> None:
     """Machine m's ranks live in namespace m; the rail crosses the cable. Rank 0 cuts it
     while every rank is inside a large all-reduce: no process dies and no socket closes,
     every rank is a survivor. The cable is mended, then all four carry on."""
-    comm = _healthy()
+    comm = _healthy(**KNOWN_CALLS)
     started = time.monotonic()
     with pytest.raises(ringreduce.RingReduceError, match=STAGE_ERROR.format(n=BIG)) as info:
         if rank == 0:
@@ -257,7 +260,7 @@ def _same_width_worker(rank: int, world: int, check_call_end: bool) -> None:
     reduce float32, 100,000 of each: the same bytes, so every stage completes. The
     end-of-call check makes every rank raise, naming both calls; without it (the
     control) every rank returns values that are wrong, as success."""
-    comm = _healthy()
+    comm = _healthy(check_call_end=check_call_end)
     for dtype in (torch.float32, torch.int32):
         t = torch.ones(100_000, dtype=dtype)
         comm.all_reduce(t)
@@ -286,8 +289,7 @@ def _same_width_worker(rank: int, world: int, check_call_end: bool) -> None:
 @pytest.mark.parametrize("check_call_end", [True, False], ids=["checked", "control"])
 def test_same_width_dtype_swap_is_named_by_the_end_of_call_check(check_call_end: bool) -> None:
     run_test_ranks(_same_width_worker, 4, check_call_end, timeout=120,
-                   env={"RINGREDUCE_TIMEOUT": str(DEADLINE),
-                        "RINGREDUCE_CHECK_CALL_END": str(int(check_call_end))})
+                   env={"RINGREDUCE_TIMEOUT": str(DEADLINE)})
 
 
 def _store_gone_worker(rank: int, world: int, server_pid: int, fresh: str) -> None:

@@ -19,11 +19,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "ringreduce"
 
 LAYERS = [
-    {"errors", "config"},
+    {"errors", "config", "sizes"},
     {"plan"},
     {"safety"},
     {"execution"},
-    {"engine"},
+    {"engine", "engine_calls"},
     {"integrations", "fsdp"},
     {"benchmark", "bench", "model", "info", "__main__", ""},
 ]

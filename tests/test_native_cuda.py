@@ -68,15 +68,12 @@ def _diagnosed(comm: ringreduce.Communicator, rank: int) -> Iterator[None]:
         timer.cancel()
 
 
-def _with_issuer(env: list[dict[str, str]], issuer: str) -> list[dict[str, str]]:
-    return [{**e, "RINGREDUCE_ISSUER": issuer} for e in env]
-
-
 def _async_worker(rank: int, world: int, issuer: str) -> None:
     """Many futures in flight, then the caller's stream works on the results without a
     host wait: fut.wait() must order it after each all-reduce."""
     dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(plan="pipelined", min_bytes=0) as comm, _diagnosed(comm, rank):
+    with ringreduce.Communicator(plan="pipelined", issuer=issuer, min_bytes=0) as comm, \
+            _diagnosed(comm, rank):
         assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
         n = (6 << 20) + 5  # 24 MiB fp32: several slices and a tail
         tensors = [rank_input(rank, n, torch.float32, dev, salt=s) for s in range(12)]
@@ -95,7 +92,7 @@ def _async_worker(rank: int, world: int, issuer: str) -> None:
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_native_futures_order_the_callers_stream(machines: int, devices: int) -> None:
     run_test_ranks(_async_worker, machines * devices, "native", backend="nccl",
-                   env=_with_issuer(_env(machines, devices), "native"), timeout=HANG_S + 40)
+                   env=_env(machines, devices), timeout=HANG_S + 40)
 
 
 def _issue_order_worker(rank: int, world: int) -> None:
@@ -108,7 +105,8 @@ def _issue_order_worker(rank: int, world: int) -> None:
     n = 1_000_003
     want = expected(world, n, torch.float32, dist.ReduceOp.SUM, dev) * world
     ops = (dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX)
-    with ringreduce.Communicator(plan="pipelined", min_bytes=0) as comm, _diagnosed(comm, rank):
+    with ringreduce.Communicator(plan="pipelined", issuer="native", min_bytes=0) as comm, \
+            _diagnosed(comm, rank):
         for round_ in range(4):  # the first round's calls are traced (native issuer)
             t = rank_input(rank, n, torch.float32, dev)
             futures = [comm.all_reduce(t, op=op, async_op=True) for op in ops]
@@ -127,7 +125,7 @@ def _issue_order_worker(rank: int, world: int) -> None:
 def test_gpu_calls_on_one_tensor_run_in_issue_order(machines: int, devices: int,
                                                      issuer: str) -> None:
     run_test_ranks(_issue_order_worker, machines * devices, backend="nccl",
-                   env=_with_issuer(_env(machines, devices), issuer), timeout=HANG_S + 40)
+                   env=_env(machines, devices), timeout=HANG_S + 40)
 
 
 def _two_communicators_worker(rank: int, world: int) -> None:
@@ -139,8 +137,8 @@ def _two_communicators_worker(rank: int, world: int) -> None:
     2026-11-25-h100-caller-time, run 41.)"""
     dev = torch.device("cuda", torch.cuda.current_device())
     n = (3 << 20) + 7  # several 4 MiB slices
-    with ringreduce.Communicator(plan="pipelined", min_bytes=0) as first, \
-            ringreduce.Communicator(plan="pipelined", min_bytes=0,
+    with ringreduce.Communicator(plan="pipelined", issuer="native", min_bytes=0) as first, \
+            ringreduce.Communicator(plan="pipelined", issuer="native", min_bytes=0,
                                     slice_bytes=8 << 20) as second, \
             _diagnosed(first, rank):
         for comm in (first, second):
@@ -160,7 +158,7 @@ def _two_communicators_worker(rank: int, world: int) -> None:
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_two_native_communicators_in_one_process(machines: int, devices: int) -> None:
     run_test_ranks(_two_communicators_worker, machines * devices, backend="nccl",
-                   env=_with_issuer(_env(machines, devices), "native"), timeout=HANG_S + 40)
+                   env=_env(machines, devices), timeout=HANG_S + 40)
 
 
 def _killed_worker(rank: int, world: int) -> None:
@@ -183,7 +181,7 @@ def _killed_worker(rank: int, world: int) -> None:
 @KILLED_UNDER_MPS
 def test_gpu_native_issuer_killed_peer_becomes_an_error_within_the_deadline() -> None:
     run_test_ranks(_killed_worker, 2, backend="nccl",
-                   env=_env_with_deadline(2, 1, {"RINGREDUCE_ISSUER": "native"}), timeout=240,
+                   env=_env_with_deadline(2, 1), timeout=240,
                    expect_exit={1: -signal.SIGKILL})
 
 
@@ -196,7 +194,8 @@ def _ddp_worker(rank: int, world: int, issuer: str) -> None:
     nccl = dist.group.WORLD
     reference = train(DDP(model().to(dev), bucket_cap_mb=0.01, find_unused_parameters=True),
                       rank, 6, dev)
-    with ringreduce.Communicator(nccl, plan="pipelined", min_bytes=0, slice_bytes=4096) as comm, \
+    with ringreduce.Communicator(nccl, plan="pipelined", issuer=issuer, min_bytes=0,
+                                 slice_bytes=4096) as comm, \
             _diagnosed(comm, rank):
         assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
         hooked = DDP(model().to(dev), bucket_cap_mb=0.01, find_unused_parameters=True)
@@ -212,12 +211,13 @@ def _ddp_worker(rank: int, world: int, issuer: str) -> None:
 def test_gpu_ddp_hook_with_unused_parameter_detection_matches_plain_ddp(
         machines: int, devices: int) -> None:
     run_test_ranks(_ddp_worker, machines * devices, "native", backend="nccl",
-                   env=_with_issuer(_env(machines, devices), "native"), timeout=240)
+                   env=_env(machines, devices), timeout=240)
 
 
 def _sweep_worker(rank: int, world: int, issuer: str) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(plan="pipelined", min_bytes=0, slice_bytes=4096) as comm, \
+    with ringreduce.Communicator(plan="pipelined", issuer=issuer, min_bytes=0,
+                                 slice_bytes=4096) as comm, \
             _diagnosed(comm, rank):
         assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
         sizes = [*sizes_for(comm.topology.devices_per_machine, comm.topology.machines),
@@ -236,8 +236,8 @@ def _sweep_worker(rank: int, world: int, issuer: str) -> None:
             dist.all_reduce(ref)
             check_equal(t, ref, f"{issuer} 500_003 floats")
     for wire in (torch.bfloat16, torch.float16):
-        with ringreduce.Communicator(plan="pipelined", min_bytes=0, slice_bytes=65536,
-                                     wire_dtype=wire) as comm:
+        with ringreduce.Communicator(plan="pipelined", issuer=issuer, min_bytes=0,
+                                     slice_bytes=65536, wire_dtype=wire) as comm:
             for n in (1000, 300_001, 1000, 300_001):
                 t = rank_input(rank, n, torch.float32, dev)
                 comm.all_reduce(t)
@@ -251,5 +251,5 @@ def test_gpu_both_issuers_are_exact_on_the_sweep(machines: int, devices: int,
                                                  issuer: str) -> None:
     # with every rank on one GPU and 16 cores the time grows with the ranks
     run_test_ranks(_sweep_worker, machines * devices, issuer, backend="nccl",
-                   env=_with_issuer(_env(machines, devices), issuer),
+                   env=_env(machines, devices),
                    timeout=HANG_S + 60 * machines * devices)

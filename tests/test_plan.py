@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from ringreduce.config import Config
+from ringreduce.config import Config, internal_settings
 from ringreduce.plan import layout, schedule, topology
 
 GEOMETRIES = [(1, 2), (2, 2), (4, 1), (3, 2), (8, 4), (1, 1)]
@@ -115,9 +115,30 @@ def test_config_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for gone in ("graphs", "wave_groups", "pair_comms", "call_check_comms", "issue_probes",
                  "nccl_blocking"):
         assert not hasattr(Config(), gone), gone  # issue 36: switches kept only to measure
-    monkeypatch.setenv("RINGREDUCE_CHECK_CALL_END", "maybe")
-    with pytest.raises(ValueError, match="RINGREDUCE_CHECK_CALL_END='maybe' is not a boolean"):
+    monkeypatch.setenv("RINGREDUCE_DEBUG", "maybe")
+    with pytest.raises(ValueError, match="RINGREDUCE_DEBUG='maybe' is not a boolean"):
         Config.from_env()
+
+
+def test_config_names_variables_it_does_not_read(monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 39: the internal settings lost their variables; one still set (a user's
+    environment from an older version) must not change behaviour silently."""
+    monkeypatch.setenv("RINGREDUCE_ISSUER", "python")
+    monkeypatch.setenv("RINGREDUCE_CHECK_CALL_END", "0")
+    monkeypatch.setenv("RINGREDUCE_TIMEOUTT", "5")  # a typo
+    with caplog.at_level("WARNING", logger="ringreduce"):
+        cfg = Config.from_env()
+        Config.from_env()  # named once, not per Communicator
+    assert cfg.issuer is None and cfg.check_call_end  # not read
+    text = [r.getMessage() for r in caplog.records]
+    assert len(text) == 3, text
+    assert "RINGREDUCE_ISSUER is set but no longer read (internal now: " \
+           "Communicator(issuer=...))" in text[1]
+    assert "RINGREDUCE_TIMEOUTT is set but is not a ringreduce variable" in text[2]
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['rail_channels'\]"):
+        internal_settings({"issuer": "python", "rail_channels": 4})
+    assert internal_settings({"issuer": "python"}) == {"issuer": "python"}
 
 
 def test_topology_from_host_ids_groups_by_host() -> None:
@@ -239,10 +260,10 @@ def test_the_plan_package_imports_only_the_standard_library_and_itself() -> None
 
 
 def test_sizes_parse_as_the_command_lines_write_them() -> None:
-    """One parser for the bench's and the model's sizes (config.parse_size)."""
+    """One parser for the bench's and the model's sizes (sizes.parse_size)."""
     import argparse
 
-    from ringreduce.config import parse_size
+    from ringreduce.sizes import parse_size
 
     assert [parse_size(s) for s in ("4096", "64M", "64mb", "1.5G", " 2K ")] == \
         [4096, 64 << 20, 64 << 20, 3 << 29, 2048]

@@ -8,7 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..config import parse_size
+from ..sizes import parse_size
 from .launch import Launch
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG,

@@ -13,16 +13,16 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from ringreduce.config import Config
+from ringreduce.config import Config, host_identity
 from ringreduce.execution import cuda_setup, probe
 from ringreduce.execution.buffers import Buffers
 from ringreduce.execution.call_check import HostCallCheck
+from ringreduce.execution.gloo_transport import GlooTransport
 from ringreduce.execution.resources import Resources
 from ringreduce.execution.streams import HostOrder
-from ringreduce.execution.transport import GlooTransport
 from ringreduce.plan import layout, slicing, topology
 from ringreduce.plan.topology import Topology
-from ringreduce.safety.flight import FlightRecorder
+from ringreduce.safety.flight import RECORDS, FlightRecorder
 from ringreduce.safety.guard import Guard
 
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -44,7 +44,7 @@ def build_resources(store: dist.Store, rank: int, world: int, device: torch.devi
     res = Resources(topo, is_cuda, device, slice_bytes, slots, None, None, buffers,
                     smallest_slice_bytes=config.smallest_slice_bytes(topo.devices_per_machine,
                                                                      topo.machines))
-    recorder = FlightRecorder(config.flight_records, rank, config.flight_file)
+    recorder = FlightRecorder(RECORDS, rank, config.flight_file)
     res.guard = Guard(store, rank, world, config.timeout_s, recorder)
     res.rank_order = _rank_order(topo, device)
     if is_cuda:
@@ -68,6 +68,24 @@ def group_store(group: dist.ProcessGroup) -> dist.Store:
     name = getattr(group, "group_name", "") or "world"
     instance = base.add(f"ringreduce/{name}/instances/{dist.get_rank()}", 1) - 1
     return dist.PrefixStore(f"ringreduce/{name}/{instance}/", base)
+
+
+def device_of(group: dist.ProcessGroup) -> torch.device:
+    """CUDA when the group can run NCCL (its backend is nccl, or ringreduce's own with
+    GPUs present), on the current device, as torch's NCCL group does; else the CPU."""
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend or ("ringreduce" in backend and torch.cuda.is_available()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def host_of(config: Config, rank: int, world: int) -> str:
+    """This rank's host identity: its virtual machine with ``machines=K`` (the group's
+    ranks in K machines of contiguous ranks), else the real host's (NCCL_HOSTID, or
+    host name and boot id)."""
+    if config.machines is not None:
+        return topology.virtual_host(rank, world, config.machines)
+    return host_identity()
 
 
 def _rank_order(topo: Topology, device: torch.device) -> torch.Tensor:

@@ -94,7 +94,7 @@ def _device_pointer(host: int) -> int:
         ctypes.byref(device), ctypes.c_void_p(host), ctypes.c_uint(0))
     if result != 0:
         raise RingReduceError(f"cuMemHostGetDevicePointer returned CUresult {result} for the "
-                              "end-of-call check's pinned report; RINGREDUCE_CHECK_CALL_END=0 "
+                              "end-of-call check's pinned report; check_call_end=False "
                               "runs without the check")
     return device.value
 

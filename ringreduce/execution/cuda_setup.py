@@ -64,7 +64,7 @@ def build_cuda(res: Resources, store: dist.Store, config: Config) -> None:
         # bounded by the watchdog, which also watches calls being issued.
         split = functools.partial(nccl.split, root, deadline=deadline, blocking=True)
         comms["root"], comms["world"] = root, split(0, topo.rank)
-        _split_stages(comms, split, topo, config)
+        _split_stages(comms, split, topo)
     except RingReduceError:
         for comm in distinct(comms).values():  # aborting the parent stops a split in progress
             nccl.abort(comm)
@@ -132,22 +132,19 @@ def distinct(comms: dict[str, Any]) -> dict[str, Any]:
     return {"+".join(names[key]): comm for key, comm in first.items()}
 
 
-def _split_stages(comms: dict[str, Any], split: Callable[..., Any], topo: Topology,
-                  config: Config) -> None:
+def _split_stages(comms: dict[str, Any], split: Callable[..., Any], topo: Topology) -> None:
     """The stage communicators: inside the machine (color: the machine) and along the
     rail (color: the device index). A pair of stages shares one: a wave (one NCCL
     group) holds at most one step of each, so its group launches one kernel per pair,
     and half the communicators means half the proxy threads (H100 under MPS, 2 x 2
     loopback, 25 MiB: CPU per call 43 ms against 69 with one per stage)."""
-    pairs: list[tuple[str, str, int, int, int | None]] = []
+    pairs: list[tuple[str, str, int, int]] = []
     if topo.devices_per_machine > 1:
-        pairs.append(("reduce_scatter", "all_gather", topo.machine_index, topo.device_index,
-                      None))
+        pairs.append(("reduce_scatter", "all_gather", topo.machine_index, topo.device_index))
     if topo.machines > 1:
-        pairs.append(("collect", "diffuse", topo.device_index, topo.machine_index,
-                      config.rail_channels))
-    for first, second, color, key, channels in pairs:
-        comms[first] = comms[second] = split(color, key, channels_per_net_peer=channels)
+        pairs.append(("collect", "diffuse", topo.device_index, topo.machine_index))
+    for first, second, color, key in pairs:
+        comms[first] = comms[second] = split(color, key)
 
 
 def build_native(res: Resources, config: Config) -> None:
@@ -163,7 +160,7 @@ def build_native(res: Resources, config: Config) -> None:
         except (RingReduceError, RuntimeError) as exc:
             why = str(exc)
     if config.issuer == "native":
-        raise RingReduceError(f"issuer={config.issuer!r} (RINGREDUCE_ISSUER) cannot run: {why}")
+        raise RingReduceError(f"issuer={config.issuer!r} cannot run: {why}")
     if res.topo.rank == 0:
         log.info("ringreduce: CUDA calls are issued from Python: %s", why)
 

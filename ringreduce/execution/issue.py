@@ -4,9 +4,11 @@ Owns everything between a Communicator's checks and the work itself. On CUDA: th
 issue lock and the watchdog's view of a call being issued, the choice between the
 native issuer (native.py), the caller's own capture and issuing from Python
 (pipeline.py's step loop, one_slice.py or a flat all-reduce), the CUDA-aware
-Futures, and the events the watchdog waits on. On the CPU: the one worker thread that
-runs calls in order, and Futures over its jobs. engine.py keeps the public surface
-(checks, routing names, numbering, the flight record) and hands each call here.
+Futures, and the events the watchdog waits on (memory_order.py keeps calls on the same
+memory in issue order). On the CPU: the one worker thread that runs calls in order,
+and Futures over its jobs. engine.py keeps the public surface (checks, routing
+names) and engine_calls.py the numbering and the flight record; they hand each call
+here.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import one_slice
 from ringreduce.execution.context import CallContext
+from ringreduce.execution.memory_order import MemoryOrder
 from ringreduce.execution.pipeline import flat_here, run_waves
 from ringreduce.execution.resources import Resources
 from ringreduce.execution.streams import FLAT
@@ -29,11 +32,6 @@ from ringreduce.plan import schedule
 from ringreduce.plan.schedule import ENTRY
 from ringreduce.plan.slicing import ONE_SLICE
 from ringreduce.safety.flight import Record
-
-_PENDING = 4096
-"""Asynchronous calls remembered by the memory they used (after_pending): DDP's buckets
-and the tensors of a training step, with room; the oldest go first (a wait on one that
-finished long ago costs the device nothing, forgetting it only matters while it runs)."""
 
 CALLER = "caller"
 """Stands for the caller's current stream in a call's stream ends."""
@@ -55,10 +53,8 @@ class Issuer:
         self.worker = None if res.is_cuda else concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="ringreduce")
         self._stage_peers: dict[str, tuple[int, ...]] = {}
-        self._pending: dict[int, torch.cuda.Event | int] = {}
-        """CUDA: memory (storage address) -> the end of the last asynchronous call on it
-        off the caller's stream: an event recorded right after it, or a native job's
-        number (see after_pending)."""
+        self.memory = MemoryOrder(res)
+        """One order for calls on the same memory (CUDA)."""
 
     # --- where a call goes ---------------------------------------------------------------
 
@@ -111,13 +107,13 @@ class Issuer:
                 or self.route_flat(t) or self.one_slice(t) \
                 else native.program(t, op, lambda: self.ctx(record))
             if program is not None:
-                after = self.after_pending(t, native_jobs=True)
+                after = self.memory.after_pending(t, native_jobs=True)
                 fut, ends = native.issue(t, program, async_op, record, after)
                 if async_op:
-                    self._pend(t, ends[0][1].seq)
+                    self.memory.pend(t, ends[0][1].seq)
                 return fut, ends
         if not capturing:
-            self.after_pending(t)
+            self.memory.after_pending(t)
         if capturing:  # the caller's own CUDA graph
             self.res.user_captures += 1  # closing waits for it (cuda_setup.finalize)
             with self.res.sync.capturing():
@@ -130,7 +126,7 @@ class Issuer:
         writing ``result`` and reading ``reads``. Returns the Future (or None) and what
         the watchdog should watch."""
         if not torch.cuda.is_current_stream_capturing():
-            self.after_pending(result, *reads)
+            self.memory.after_pending(result, *reads)
         if result.numel():
             run(self.ctx(record), self.res.sync.caller().cuda_stream)
         ends: Ends = [(record.kind, CALLER)]
@@ -195,64 +191,11 @@ class Issuer:
             fut.set_result(t)
             return fut, ends
         if not torch.cuda.is_current_stream_capturing():
-            self._pend(t, last)
+            self.memory.pend(t, last)
         sync.adopt(t, (*schedule.STAGES, FLAT))
         with sync.on(last):  # the Future records an event on the last stage's stream
             fut.set_result(t)
         return fut, ends
-
-    # --- one order for calls on the same memory (CUDA) ----------------------------------
-
-    def after_pending(self, *tensors: torch.Tensor, native_jobs: bool = False) -> int:
-        """The caller's stream waits for the last asynchronous call still recorded on the
-        memory of ``tensors``, before this call enqueues anything: calls on one tensor
-        then run in issue order, as they do on a process group's one NCCL stream. Ours
-        run on stage streams, and a call's reduce_scatter, which follows only the
-        previous call's reduce_scatter on its stream, would otherwise read the tensor
-        before that call's all_gather wrote it. Only overlapping calls wait: calls on
-        different tensors (DDP's buckets) still overlap. This call's own end is ordered
-        from here on (a synchronous call makes the caller's stream wait for it; an
-        asynchronous one records itself with _pend), so the entry goes.
-
-        ``native_jobs``: the call is a native issuer's job, so an earlier native job on
-        the memory is returned (the last one, else 0) for the program to follow on the
-        device (native.issue's ``after``) instead of the caller's stream waiting for it."""
-        after = 0
-        for t in tensors:
-            end = self._pending.pop(_storage(t), None)
-            if native_jobs and isinstance(end, int):
-                after = end
-            elif end is not None:
-                self._join(end)
-        return after
-
-    def _join(self, end: torch.cuda.Event | int) -> None:
-        """The caller's stream waits for that call's end, and for nothing issued after
-        it (a later call on other tensors, e.g. the next DDP bucket, must not hold the
-        caller's compute back)."""
-        caller = self.res.sync.caller()
-        if isinstance(end, torch.cuda.Event):
-            caller.wait_event(end)
-            return
-        native = self.res.native  # a native job: its done event, unless it finished
-        assert native is not None
-        if native.worker.state(end) == 0:  # the host-visible flag: no device sync
-            native.worker.stream_wait(caller.cuda_stream, end)
-
-    def _pend(self, t: torch.Tensor, end: str | int) -> None:
-        """Remember the asynchronous call just issued on ``t``: a native job's number,
-        or the stream it ends on (an event is recorded there now, marking this call's
-        end only)."""
-        if isinstance(end, str):
-            event = torch.cuda.Event()
-            event.record(self.res.sync.streams[end])
-            marker: torch.cuda.Event | int = event
-        else:
-            marker = end
-        key = _storage(t)
-        if len(self._pending) >= _PENDING and key not in self._pending:
-            del self._pending[next(iter(self._pending))]  # the oldest: long finished
-        self._pending[key] = marker
 
     def _watch(self, record: Record, ends: Ends) -> None:
         """Hand the issued call to the watchdog: one fresh event per stream it used
@@ -348,8 +291,3 @@ def as_torch_future(job: concurrent.futures.Future[Any],
 
     job.add_done_callback(done)
     return fut
-
-
-def _storage(t: torch.Tensor) -> int:
-    """The address of ``t``'s memory allocation: views of one tensor share it."""
-    return t.untyped_storage().data_ptr()

@@ -77,7 +77,7 @@ def why_not(config: Any, is_cuda: bool, has_kernels: bool) -> str:
     if not is_cuda:
         return "CPU path (gloo): the Python issuer runs the plan"
     if config.issuer == "python":
-        return "issuer='python' (RINGREDUCE_ISSUER)"
+        return "issuer='python' (set by Communicator(issuer=...))"
     module, why = extension()
     if module is None:
         return why

@@ -22,7 +22,8 @@ from ringreduce.execution.buffers import Buffers
 from ringreduce.plan import layout, slicing
 from ringreduce.plan.topology import Topology
 from ringreduce.safety.flight import Record
-from ringreduce.safety.watchdog import Issue, Watchdog
+from ringreduce.safety.watchdog import Watchdog
+from ringreduce.safety.watched import Issue
 
 log = logging.getLogger("ringreduce")
 _ABORT_LOCK_WAIT_S = 2.0

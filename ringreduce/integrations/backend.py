@@ -56,7 +56,6 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -66,9 +65,9 @@ from torch._C import _distributed_c10d as c10d
 from ringreduce.config import Config
 from ringreduce.engine import Communicator
 from ringreduce.errors import RingReduceError, stage_error
-from ringreduce.safety import checks
+from ringreduce.integrations.dispatch import first_tensor, not_ours, refuse_views
+from ringreduce.integrations.work import EngineWork, listed
 from ringreduce.safety.agreement import STAGE
-from ringreduce.safety.checks import DTYPES, OPS
 
 NAME = "ringreduce"
 log = logging.getLogger("ringreduce")
@@ -110,9 +109,9 @@ class RingReduceGroup(dist.ProcessGroup):
     def allreduce(  # type: ignore[override]  # torch's C++ calls it with (tensors, opts)
             self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else c10d.AllreduceOptions()
-        _refuse_views(tensors, "all_reduce")
+        refuse_views(tensors, "all_reduce")
         reason = f"{len(tensors)} tensors in one call" if len(tensors) != 1 else \
-            _not_ours(tensors, opts.reduceOp)
+            not_ours(tensors, opts.reduceOp)
         if reason:
             device = tensors[0].device if tensors else self._default_device
             return self._delegate("all_reduce", "allreduce", (tensors, opts), device, reason)
@@ -120,7 +119,7 @@ class RingReduceGroup(dist.ProcessGroup):
         engine = self._engine(t.device)
         fut = engine.all_reduce(t, op=opts.reduceOp.op, async_op=True)
         assert fut is not None
-        return EngineWork(_listed(fut, t.device), engine)
+        return EngineWork(listed(fut, t.device), engine)
 
     def _reduce_scatter(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Any:
@@ -129,30 +128,30 @@ class RingReduceGroup(dist.ProcessGroup):
         ``min_bytes``, the engine's flat route otherwise; ``input`` is left as it was,
         as NCCL leaves it."""
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
-        _refuse_views((output, input), "reduce_scatter")
-        reason = _not_ours([output, input], opts.reduceOp)
+        refuse_views((output, input), "reduce_scatter")
+        reason = not_ours([output, input], opts.reduceOp)
         if reason:
             return self._delegate("reduce_scatter", "_reduce_scatter_base",
                                   (output, input, opts), input.device, reason)
         engine = self._engine(input.device)
         fut = engine.reduce_scatter(output, input, opts.reduceOp.op, async_op=True)
         assert fut is not None
-        return EngineWork(_listed(fut, input.device), engine)
+        return EngineWork(listed(fut, input.device), engine)
 
     def _all_gather(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """``dist.all_gather_single`` (``all_gather_into_tensor``) through
         Communicator.all_gather, routed as the reduce-scatter; ``input`` may be this
         rank's block of ``output`` (FSDP2 gathers in place)."""
         opts = opts if opts is not None else c10d.AllgatherOptions()
-        _refuse_views((output, input), "all_gather")
-        reason = _not_ours([output, input], None)
+        refuse_views((output, input), "all_gather")
+        reason = not_ours([output, input], None)
         if reason:
             return self._delegate("all_gather", "_allgather_base", (output, input, opts),
                                   input.device, reason)
         engine = self._engine(input.device)
         fut = engine.all_gather(output, input, async_op=True)
         assert fut is not None
-        return EngineWork(_listed(fut, input.device), engine)
+        return EngineWork(listed(fut, input.device), engine)
 
     def communicator(self, device: torch.device) -> Communicator:
         """The engine serving ``device``'s tensors (built on first use, collectively)."""
@@ -217,7 +216,7 @@ class RingReduceGroup(dist.ProcessGroup):
     def _backend_for(self, args: tuple[Any, ...]) -> Any:
         """The backend of the device of the first tensor in ``args`` (the default
         backend's device when there is none, as for ``barrier``)."""
-        tensor = _first_tensor(args)
+        tensor = first_tensor(args)
         device = tensor.device if tensor is not None else self._default_device
         return self._get_backend(device)
 
@@ -226,117 +225,6 @@ class RingReduceGroup(dist.ProcessGroup):
         while self._engines:
             _, engine = self._engines.popitem()
             engine.close()
-
-
-class EngineWork(dist.Work):
-    """The Work of one engine call: ``wait()`` raises the operation's error.
-
-    torch's ``_create_work_from_future`` makes a Work whose ``wait()`` returns True
-    even when its Future holds an exception (torch 2.13), so a synchronous
-    ``dist.all_reduce`` after a peer died returned normally with a partial sum in the
-    tensor. Here a failure reaches the caller from ``dist.all_reduce`` itself (CPU:
-    it waits for the result), from ``work.wait()`` and from the Future's ``wait()``.
-    On CUDA the call only enqueues, as NCCL's does: ``wait()`` makes the current
-    stream wait, and raises once the watchdog has found this operation (or an
-    earlier one) failed, within the deadline."""
-
-    def __init__(self, fut: torch.futures.Future[list[torch.Tensor]],
-                 engine: Communicator) -> None:
-        super().__init__()
-        self._fut, self._engine, self._op = fut, engine, engine.op_number
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        try:
-            self._fut.wait()  # raises the Future's error; CUDA: a stream wait, no host sync
-        except RingReduceError:
-            raise
-        except RuntimeError as exc:  # CUDA's own (torch.AcceleratorError): a sticky error
-            raise RingReduceError(
-                f"operation #{self._op} of the ringreduce backend failed: the CUDA context "
-                f"reported an error ({exc}); the tensor's contents are undefined and this "
-                "process's CUDA state is lost: restart it") from exc
-        self._engine.raise_if_failed(self._op)
-        return True
-
-    def is_completed(self) -> bool:
-        return self._fut.done()
-
-    def is_success(self) -> bool:
-        return self._fut.done() and self.exception() is None
-
-    def exception(self) -> BaseException | None:
-        if not self._fut.done():
-            return None
-        try:
-            self._fut.value()
-            self._engine.raise_if_failed(self._op)
-        except Exception as exc:  # the operation's own error, returned, not raised
-            return exc
-        return None
-
-    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
-        return self._fut
-
-    def result(self) -> list[torch.Tensor]:
-        self.wait()
-        return self._fut.value()
-
-
-def _listed(fut: torch.futures.Future[torch.Tensor],
-            device: torch.device) -> torch.futures.Future[list[torch.Tensor]]:
-    """The Future as torch's Work carries it: a list of tensors (DDP's reducer reads
-    element 0). On CUDA ``then`` runs the callback with the current stream ordered
-    after the engine's (the engine's Future holds no error there: issue errors raise
-    from the call). On the CPU the error is forwarded as it is: ``then`` would turn a
-    RingReduceError into a RuntimeError ("Got the following error when running the
-    callback")."""
-    if device.type == "cuda":
-        return fut.then(lambda f: [f.value()])
-    listed: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
-
-    def forward(f: torch.futures.Future[torch.Tensor]) -> None:
-        try:
-            value = f.value()
-        except Exception as exc:  # the engine's error, handed on unchanged
-            listed.set_exception(exc)  # type: ignore[arg-type]  # torch's stub: "result: T"
-            return
-        listed.set_result([value])
-
-    fut.add_done_callback(forward)
-    return listed
-
-
-def _not_ours(tensors: list[torch.Tensor], op: Any) -> str:
-    """Why the engine cannot take a call on ``tensors`` with ``op`` (None for an
-    all-gather); "" when it can."""
-    for t in tensors:
-        if t.dtype not in DTYPES:
-            return f"dtype {t.dtype}"
-    if op is not None and op.op not in OPS:
-        return f"op {op.op}"
-    for t in tensors:
-        if t.layout != torch.strided:
-            return f"layout {t.layout}"
-    return ""
-
-
-def _refuse_views(tensors: Sequence[torch.Tensor], call: str) -> None:
-    """A strided tensor that is not contiguous is refused before any communication:
-    gloo would write outside the view (NCCL refuses such tensors too)."""
-    for t in tensors:
-        if t.layout == torch.strided and not t.is_contiguous():
-            checks.tensor(t, call, "tensor", t.device)
-
-
-def _first_tensor(args: Any) -> torch.Tensor | None:
-    if isinstance(args, torch.Tensor):
-        return args
-    if isinstance(args, (list, tuple)):
-        for arg in args:
-            found = _first_tensor(arg)
-            if found is not None:
-                return found
-    return None
 
 
 # Process-group method -> the backend method that does the same work. These are the

@@ -4,5 +4,6 @@
 value and the fix); ``guard`` poisons a Communicator after its first failure and checks,
 with ``RINGREDUCE_DEBUG=1``, that every rank makes the same call; ``watchdog`` turns a
 stuck or failed CUDA operation into RingReduceError within the deadline, naming the
-stage and the peers; ``flight`` keeps the last operations for the failure's dump.
+stage and the peers (``watched``: what it is handed to watch); ``flight`` keeps the
+last operations for the failure's dump.
 """

@@ -28,7 +28,7 @@ from ringreduce.errors import stage_error
 STAGE = "construction"
 """The stage named by the rendezvous' errors."""
 
-LOCAL_FIELDS = frozenset({"timeout_s", "flight_records", "flight_file"})
+LOCAL_FIELDS = frozenset({"timeout_s", "flight_file"})
 """Settings that may differ between ranks: each rank's own deadline and diagnostics.
 Every other field changes which messages a rank sends, so all ranks must agree on it."""
 

@@ -33,6 +33,11 @@ class Record:
     """Why the call took its route, where a choice was made (the hierarchical plan)."""
 
 
+#: Operations the recorder keeps (dumped to the log when one fails): enough to show what
+#: a step's buckets were doing, a few KiB per rank.
+RECORDS = 64
+
+
 class FlightRecorder:
     def __init__(self, capacity: int, rank: int, path: str | None) -> None:
         self._records: collections.deque[Record] = collections.deque(maxlen=capacity)

@@ -29,10 +29,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
 
 from ringreduce.errors import CALL_CHECK, RingReduceError, stage_error
+from ringreduce.safety.watched import Completion, Issue, Op
 
 log = logging.getLogger("ringreduce")
 
@@ -42,39 +41,6 @@ log = logging.getLogger("ringreduce")
 #: of GIL per pending operation (cudaEventQuery, ncclCommGetAsyncError: an atomic load),
 #: so the issuing thread does not feel it. An idle watchdog does not poll at all.
 DEFAULT_POLL_S = 0.1
-
-
-class Completion(Protocol):
-    """A torch.cuda.Event (or a test double): ``query()`` is True once the work
-    recorded before it has finished."""
-
-    def query(self) -> bool: ...
-
-
-class Issue(NamedTuple):
-    """A call the engine is issuing right now."""
-
-    op_number: int
-    what: str
-    stage: str
-    peers: tuple[int, ...]
-    since: float
-    """time.monotonic() when issuing began."""
-
-
-@dataclass
-class _Op:
-    op_number: int
-    what: str
-    stages: tuple[tuple[str, Completion, tuple[int, ...]], ...]
-    oldest_since: float | None
-    """When it became the oldest pending operation (time.monotonic()); its deadline
-    runs from then, so a queue of slow but healthy operations does not expire its tail."""
-    done: int = 0
-    """Stages known to have finished; an operation's stages finish in pipeline order."""
-
-    def finished(self) -> bool:
-        return self.done == len(self.stages)
 
 
 class Watchdog:
@@ -112,7 +78,7 @@ class Watchdog:
         its call. Not measured apart: with this, an idle call's host time was the
         caller's own CPU, 224 of 229 us)."""
         self._cond = threading.Condition()
-        self._ops: collections.deque[_Op] = collections.deque()
+        self._ops: collections.deque[Op] = collections.deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._failing: RingReduceError | None = None
@@ -138,7 +104,7 @@ class Watchdog:
         """Watch operation ``op_number`` (``what``: e.g. "tensor of 1048576 x
         torch.float32"). ``stage_done``: (stage, completion, peer ranks) in pipeline
         order; each completion must not be recorded again after this call."""
-        op = _Op(op_number, what, tuple((s, c, tuple(p)) for s, c, p in stage_done), None)
+        op = Op(op_number, what, tuple((s, c, tuple(p)) for s, c, p in stage_done), None)
         with self._cond:
             if self._failing is not None:
                 raise RingReduceError(f"the watchdog refuses new work after a failure: "
@@ -219,7 +185,7 @@ class Watchdog:
                     return
                 self._cond.wait(self.poll_s)
 
-    def _check(self, ops: list[_Op]) -> RingReduceError | None:
+    def _check(self, ops: list[Op]) -> RingReduceError | None:
         """One poll: advance every operation, then look for an error or an expiry."""
         for op in ops:
             try:
@@ -264,7 +230,7 @@ class Watchdog:
         if len(self._ops) != before:
             self._cond.notify_all()  # wait_idle
 
-    def _mismatch(self, ops: list[_Op], cause: str) -> RingReduceError:
+    def _mismatch(self, ops: list[Op], cause: str) -> RingReduceError:
         """The check does not say which call it failed: one of those watched since
         the last poll, so it names them."""
         first, last = ops[0], ops[-1]
@@ -272,7 +238,7 @@ class Watchdog:
                  f"one of operations #{first.op_number}..#{last.op_number}")
         return stage_error(CALL_CHECK, self.rank, where, self._everyone, cause)
 
-    def _error(self, op: _Op, cause: str) -> RingReduceError:
+    def _error(self, op: Op, cause: str) -> RingReduceError:
         stage, peers = "-", tuple[int, ...]()
         if op.stages:  # the first unfinished stage, or the last one if all finished
             stage, _, peers = op.stages[min(op.done, len(op.stages) - 1)]
@@ -293,7 +259,7 @@ class Watchdog:
             self._cond.notify_all()
 
 
-def _progress(op: _Op) -> str:
+def _progress(op: Op) -> str:
     """What the head's completion says about where it is (the native issuer's worker
     position), when it can say it."""
     stage = op.stages[min(op.done, len(op.stages) - 1)] if op.stages else None
@@ -301,6 +267,6 @@ def _progress(op: _Op) -> str:
     return f" ({progress()})" if progress is not None else ""
 
 
-def _advance(op: _Op) -> None:
+def _advance(op: Op) -> None:
     while not op.finished() and op.stages[op.done][1].query():
         op.done += 1

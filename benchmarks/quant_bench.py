@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ringreduce.config import DEFAULT_WIRE_BLOCK
+from ringreduce.defaults import DEFAULT_WIRE_BLOCK
 from ringreduce.execution import compressed, quant
 from ringreduce.execution.kernels import Kernels
 

@@ -19,7 +19,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "ringreduce"
 
 LAYERS = [
-    {"errors", "config", "sizes"},
+    {"errors", "config", "sizes", "defaults"},
     {"plan"},
     {"safety"},
     {"execution"},

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import DEFAULT_MIN_BYTES, DEFAULT_STAGING_BYTES
+from ..defaults import DEFAULT_MIN_BYTES, DEFAULT_STAGING_BYTES
 from ..plan.slicing import ONE_SLICE, PIPELINED
 
 DTYPE_BYTES = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int32": 4, "int64": 8}

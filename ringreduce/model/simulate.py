@@ -31,7 +31,8 @@ import functools
 import heapq
 from dataclasses import dataclass
 
-from ..config import DEFAULT_MIN_BYTES, DEFAULT_STAGING_BYTES, Config
+from ..config import Config
+from ..defaults import DEFAULT_MIN_BYTES, DEFAULT_STAGING_BYTES
 from ..plan import layout, schedule
 from ..plan.slicing import ONE_SLICE, PIPELINED, PLANS
 from .cluster import Cluster, gbps_to_bytes_per_us

@@ -38,19 +38,24 @@ def faithful_preds() -> list[faithful.Predicted]:
 def test_every_row_of_the_faithful_folder_is_priced(
         faithful_preds: list[faithful.Predicted]) -> None:
     """Every row of every run in the folder's JSON is in the validation, bar the runs of
-    NCCL under tuned sockets (left out by a stated rule: faithful.tuned_sockets)."""
+    NCCL under tuned sockets and the loopback runs (left out by stated rules: faithful's
+    module doc)."""
     folder = ROOT / "benchmarks" / "results" / faithful.FAITHFUL
     files = sorted(folder.glob("*.json"))
-    assert len(files) == 2
+    assert len(files) == 3
     priced = {(p.row.machines, p.row.gbps, p.row.size, p.row.buckets): dict(p.row.times)
               for p in faithful_preds if p.row.source.startswith(faithful.FAITHFUL)}
-    left_out = 0
+    left_out = loopback = 0
     for f in files:
         for name, run in json.loads(f.read_text()).items():
             meta = run["meta"]
             if faithful.tuned_sockets(meta):
                 assert "sockets" in name
                 left_out += 1
+                continue
+            if not meta["options"]["link_gbit"]:
+                assert "loopback" in name
+                loopback += 1
                 continue
             tree = results.nccl_algo_of(meta) == "tree"
             for r in run["rows"]:
@@ -61,7 +66,7 @@ def test_every_row_of_the_faithful_folder_is_priced(
                 else:
                     assert (times["ringreduce"], times["NCCL default"], times["two-level"]) \
                         == (r["rr_time_us"], r["ref_time_us"], r["two_level_time_us"]), name
-    assert left_out == 8
+    assert (left_out, loopback) == (8, 4)
     assert len(priced) == 16  # 2x2 and 4x2, 10 and 25 Gbit/s, four sizes
     assert len(faithful_preds) == 16 + len(faithful.COMPRESSED_ROWS)
     # ringreduce took one slice in every process of these runs; the model prices that plan

@@ -17,7 +17,8 @@ Two sources, both results folders under ``benchmarks/results/``:
   process set, NCCL's tree from the ``*_tree`` run's. The ``*_sockets_*`` runs are left out:
   they are NCCL under a tuned socket transport (``NCCL_SOCKET_NTHREADS``,
   ``NCCL_NSOCKS_PERTHREAD``), which the model has no term for; the folder's README compares
-  against them;
+  against them. So are the loopback runs (no cap): every rank is its own NCCL host there,
+  so even a machine's own traffic goes through sockets, not the nominal cluster's NVLink;
 * :data:`COMPRESSED` (benchmarks/compressed.py, one AVG call, median of 5 rounds x 10 calls,
   commit eadd297, before the one-slice plan: ringreduce ran its pipeline): the fp32 rows of
   its ``summary.txt``, NCCL's tree in a second process set, whose ringreduce time is the
@@ -128,10 +129,10 @@ def runs(path: Path) -> Runs:
     found: Runs = {}
     for name, run in json.loads(path.read_text()).items():
         meta = run["meta"]
-        if tuned_sockets(meta):
+        gbps = results.link_gbit_of(meta)
+        if tuned_sockets(meta) or not gbps:  # loopback: sockets everywhere (module doc)
             continue
-        key = (int(meta["machines"]), results.link_gbit_of(meta) or 0.0,
-               results.nccl_algo_of(meta))
+        key = (int(meta["machines"]), gbps, results.nccl_algo_of(meta))
         if key in found:
             raise ValueError(f"{path}: runs {found[key][0]} and {name} are one setting {key}; "
                              "the validation takes one run per machines, link and NCCL_ALGO")

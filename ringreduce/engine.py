@@ -2,12 +2,14 @@
 to engine_calls.py (its base class: numbering, the flight record), which hands it to
 execution/issue.py, which routes and issues it and hands out futures.
 
-A call takes one of three routes, each a deliberate decision:
+An all-reduce takes one of four routes, each a deliberate decision:
   * one machine (M == 1), or a tensor below ``min_bytes``: NCCL's (gloo's) own flat
     all-reduce on the whole group, because on NVLink alone and for latency-bound
     sizes nothing beats it (Fairring lost both cases by not having this route);
-  * otherwise the hierarchical pipeline of pipeline.py, with reduce-scatter and
-    all-gather skipped when each machine has one device.
+  * otherwise the plan the Communicator chose at construction (plan/slicing.py): one
+    slice (one_slice.py: three collectives) or the pipeline of pipeline.py, with
+    reduce-scatter and all-gather skipped when each machine has one device;
+  * with an 8- or 4-bit wire, the compressed route (compressed.py).
 The CUDA route only enqueues work (no host-device synchronisation); the CPU route
 runs the same plan over gloo on one worker thread, so calls keep their order.
 """

@@ -110,6 +110,15 @@ class ShardGroupComms:
             comm = self._built[name] = Communicator(group, **self._settings)
         return comm
 
+    def communicators(self) -> dict[str, Communicator]:
+        """The communicators in use, by shard group name (the given one under each group
+        it served, built ones as built), plus ``"replicate"``: for counting their calls
+        (``op_number``), ``describe()`` or closing them yourself."""
+        comms = dict(self._built)
+        if self.replicate is not None:
+            comms["replicate"] = self.replicate
+        return comms
+
     def close(self) -> None:
         """Close the communicators built here (given ones stay their owner's)."""
         for comm in self._built.values():
@@ -214,6 +223,10 @@ def apply(model: nn.Module, comm: Communicator | None = None, *, wire: str | Non
     all-reduce hook then all-reduces its gradient shards across the replicas, with
     ``wire`` too (``hook.replicate``). A group gets a Communicator built now from
     ``settings`` (collective over it); pass a Communicator for other settings there.
+    The shard group's Communicators get the same ``settings``: in custom HSDP that group
+    is usually one machine, which detection finds; where ``machines=`` (or
+    ``RINGREDUCE_MACHINES``) splits ranks into virtual machines, pass both Communicators
+    built as you mean them. ``hooks[0].comms.communicators()`` lists them all.
     Refused for a model on a 2-D mesh, whose replicate all-reduce FSDP runs itself."""
     fsdp_module = _fsdp_module_class()
     modules = [m for m in model.modules() if isinstance(m, fsdp_module)]

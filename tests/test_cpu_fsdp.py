@@ -151,6 +151,7 @@ def _replicate_worker(rank: int, world: int) -> None:
         check_identical(got, want, case)
         comm = hooks[0].comms.replicate
         assert comm is not None and comm.topology.world_size == 2
+        assert hooks[0].comms.communicators()["replicate"] is comm
         assert all(h.replicate is not None and h.replicate.comm is comm for h in hooks)
         op = "avg" if factor is None else "sum"
         assert flight(comm, 0, ("kind", "route", "op")) == \

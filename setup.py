@@ -19,8 +19,9 @@ from setuptools.command.build_py import build_py
 
 KERNEL_SOURCES = ("*.cu", "*.cuh")
 NATIVE_SOURCES = ["native/driver.cpp", "native/program.cpp", "native/issuer.cpp",
-                  "native/module.cpp"]
-NATIVE_HEADERS = ["native/driver.h", "native/program.h", "native/issuer.h"]
+                  "native/program_type.cpp", "native/module.cpp"]
+NATIVE_HEADERS = ["native/driver.h", "native/program.h", "native/issuer.h",
+                  "native/program_type.h"]
 """The extension's sources; its headers are ``depends`` (a change rebuilds it, and the
 sdist carries them), never package data: the wheel needs only the built module."""
 

@@ -237,7 +237,7 @@ dlrm)
     --json "$W/dlrm_4x2.json" ${PLOT[@]+"${PLOT[@]}" "$W/dlrm_4x2.png"}
   grep -hvE "Warning|warn|^W1|^\[rank|^\s*$|socket.cpp|^###" "$W"/dlrm_*.log "$W"/transformer_*.log | tail -40 > "$W/summary_body.txt" ;;
 fsdp)
-  # Estimated on the faithful capped 2x2: fsdp-nccl ~0.2 s a step (fsdp_train.DEFAULT_SPEC
+  # Estimated on the faithful capped 2x2: fsdp-nccl ~0.2 s a step (fsdp_modes.DEFAULT_SPEC
   # says why), so 60 steps of six modes plus two more seeds ~100 s and start-up; the tree
   # run two modes. At 4x2 eight ranks share the GPUs, hence one seed and its own limit.
   export RINGREDUCE_TIMEOUT=${RINGREDUCE_TIMEOUT:-90}

@@ -38,6 +38,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# benchmarks/thread_cpu.py: this script's folder is on sys.path
+from thread_cpu import thread_cpu_s, thread_kind
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ringreduce
@@ -98,45 +101,6 @@ def stream_cost(call: Callable[[], object], calls: int,
         by_kind[kind] = by_kind.get(kind, 0.0) + (seconds - threads.get(tid, (name, 0.0))[1])
     return (host / calls * 1e6, cpu / calls * 1e3, cpu / wall, wall / calls * 1e3,
             {k: v / calls * 1e3 for k, v in by_kind.items()})
-
-
-def thread_cpu_s() -> dict[int, tuple[str, float]]:
-    """Every thread of this process: tid -> (its name, CPU seconds so far), from
-    /proc/self/task: schedstat's run time in ns where the kernel keeps it, else stat's
-    user + system ticks."""
-    out = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc/self/task"):
-        task = f"/proc/self/task/{entry}"
-        try:
-            with open(f"{task}/comm") as f:
-                name = f.read().strip()
-            try:
-                with open(f"{task}/schedstat") as f:
-                    seconds = int(f.read().split()[0]) / 1e9
-            except (OSError, ValueError, IndexError):
-                with open(f"{task}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                seconds = (int(fields[11]) + int(fields[12])) / tick
-        except OSError:
-            continue  # the thread ended meanwhile
-        out[int(entry)] = (name, seconds)
-    return out
-
-
-def thread_kind(tid: int, name: str, python: dict[int | None, str]) -> str:
-    """A thread's role: the caller, ringreduce's own (Python threads by their
-    threading name in ``python``, native id -> name), NCCL's (by the names
-    NCCL_SET_THREAD_NAME=1 gives them), or "other"."""
-    if tid == threading.main_thread().native_id:
-        return "caller"
-    if python.get(tid, "").startswith("ringreduce-"):
-        return python[tid].removeprefix("ringreduce-")
-    for prefix, kind in (("NCCL Progress", "nccl progress"), ("NCCL Sock", "nccl socket"),
-                         ("NCCL Service", "nccl service")):
-        if name.startswith(prefix):
-            return kind
-    return "other"
 
 
 DEFAULT_WAYS = ("native", "python")

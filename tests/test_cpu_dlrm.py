@@ -34,7 +34,9 @@ import torch
 from torch.nn import functional as F
 
 from benchmarks.workloads import dlrm_cli, dlrm_model
-from benchmarks.workloads.dlrm import ModeRun, Options, Spec, gloo_refusal, run_modes
+from benchmarks.workloads.dlrm import ModeRun, gloo_refusal, run_modes
+from benchmarks.workloads.dlrm_model import Spec
+from benchmarks.workloads.dlrm_modes import Options
 from benchmarks.workloads.transformer_model import (
     MarkovSource,
     TransformerSpec,

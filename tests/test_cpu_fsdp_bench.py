@@ -1,7 +1,7 @@
-"""The FSDP2 benchmark (benchmarks/fsdp.py; benchmarks/workloads/fsdp_train.py and
-fsdp_cli.py) on CPU: a tiny transformer trained on 4 gloo ranks (2 virtual machines x 2)
-in every mode, end to end through the command line; the merge of NCCL runs under two
-algorithms; the checks that must fail loudly.
+"""The FSDP2 benchmark (benchmarks/fsdp.py; benchmarks/workloads/fsdp_train.py,
+fsdp_modes.py and fsdp_cli.py) on CPU: a tiny transformer trained on 4 gloo ranks (2
+virtual machines x 2) in every mode, end to end through the command line; the merge of
+NCCL runs under two algorithms; the checks that must fail loudly.
 
 Tolerances. Step 0's loss is the same to the bit in every mode: the same weights on the
 same batch, and FSDP's all-gathers copy. After it the fp32 modes differ only in the
@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import ringreduce
-from benchmarks.workloads import fsdp_cli, fsdp_train
+from benchmarks.workloads import fsdp_cli, fsdp_modes, fsdp_train
 from benchmarks.workloads.transformer_model import TransformerSpec
 
 from .fsdp import fully_shard_api  # noqa: F401  # skips here without FSDP2's hook
@@ -61,11 +61,11 @@ def test_fsdp_command_line_runs_every_mode(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     rows = done.stdout.strip().splitlines()[-9:]  # floor, header, 6 modes, the spread
     assert rows[1].split()[:3] == ["mode", "steps", "samples/s"], done.stdout
-    assert [r.split()[0] for r in rows[2:-1]] == list(fsdp_train.MODES), done.stdout
+    assert [r.split()[0] for r in rows[2:-1]] == list(fsdp_modes.MODES), done.stdout
     assert rows[-1].startswith("# fsdp-nccl over seeds [0, 1]"), done.stdout
     runs = report["runs"]
     assert [(r["mode"], r["seed"]) for r in runs] == \
-        [(m, 0) for m in fsdp_train.MODES] + [("fsdp-nccl", 1)]
+        [(m, 0) for m in fsdp_modes.MODES] + [("fsdp-nccl", 1)]
     check_curves({r["mode"]: r["losses"] for r in runs[:-1]})
     check_calls({r["mode"]: r for r in runs[:-1]})
     meta, first = report["meta"], runs[0]["losses"][0]
@@ -79,7 +79,7 @@ def check_curves(curves: dict[str, list[float]]) -> None:
     for mode, losses in curves.items():
         assert len(losses) == STEPS and all(math.isfinite(x) for x in losses), (mode, losses)
         assert losses[0] == ref[0], f"{mode}: not the same weights on the same batch"
-        tol = INT8_TOL if fsdp_train.MODES[mode].wire else LOSS_TOL
+        tol = INT8_TOL if fsdp_modes.MODES[mode].wire else LOSS_TOL
         assert max_diff(losses, ref) <= tol, f"{mode} vs fsdp-nccl: {max_diff(losses, ref)}"
     assert curves["rr-hsdp"] == curves["hsdp-nccl"]
     for exact in ("rr", "rr-hsdp"):
@@ -90,7 +90,7 @@ def check_calls(runs: dict[str, dict[str, Any]]) -> None:
     timed = STEPS - WARMUP
     modules = LAYERS + 1  # the root holds the embeddings and the output layer
     for mode, r in runs.items():
-        spec = fsdp_train.MODES[mode]
+        spec = fsdp_modes.MODES[mode]
         if not spec.ringreduce:
             assert (r["engine_calls"], r["engine"]) == (0, ""), r
             continue
@@ -147,9 +147,9 @@ def _checks_worker(rank: int, world: int) -> None:
     """The checks that end a mode with an error: replicas that differ, a Communicator
     that made no calls, a non-finite loss."""
     spec = TransformerSpec(vocab=64, width=16, layers=1, heads=2, seq=8)
-    opts = fsdp_train.Options(transformer=spec, machines=2, steps=3, warmup=1)
-    meshes = fsdp_train.make_meshes(torch.device("cpu"), 2)
-    model = fsdp_train.sharded(opts.workload().build(0), meshes.hsdp, True)
+    opts = fsdp_modes.Options(transformer=spec, machines=2, steps=3, warmup=1)
+    meshes = fsdp_modes.make_meshes(torch.device("cpu"), 2)
+    model = fsdp_modes.sharded(opts.workload().build(0), meshes.hsdp, True)
     fsdp_train.check_replicas("hsdp-nccl", model, meshes)  # equal: passes
     if rank == 3:  # machine 1, device 1: replica 1 of device 1's shard
         with torch.no_grad():
@@ -174,8 +174,8 @@ def test_checks_fail_loudly() -> None:
 
 def test_options_refuse_what_cannot_run() -> None:
     with pytest.raises(ValueError, match=r"unknown \['rr-int4'\]"):
-        fsdp_train.Options(modes=("rr", "rr-int4"))
+        fsdp_modes.Options(modes=("rr", "rr-int4"))
     with pytest.raises(ValueError, match="add it to the modes"):
-        fsdp_train.Options(modes=("rr",), seeds=2)
+        fsdp_modes.Options(modes=("rr",), seeds=2)
     with pytest.raises(ValueError, match="warmup < steps"):
-        fsdp_train.Options(steps=4, warmup=4)
+        fsdp_modes.Options(steps=4, warmup=4)

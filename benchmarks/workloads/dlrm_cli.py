@@ -22,8 +22,9 @@ import torch.distributed as dist
 from ringreduce.benchmark.launch import Launch, detect, nccl_variables, run_ranks
 
 from . import dlrm
-from .dlrm import EXTRA_MODES, FINAL_STEPS, MODES, ModeRun, Options, run_modes
+from .dlrm import FINAL_STEPS, ModeRun, run_modes
 from .dlrm_model import Spec
+from .dlrm_modes import EXTRA_MODES, MODES, Options
 from .transformer_model import TransformerSpec
 from .workloads import DEFAULT_BATCH, DEFAULT_LR, LR_WARMUP, MODELS, TARGET_FRACTION
 

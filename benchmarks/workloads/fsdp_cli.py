@@ -41,15 +41,15 @@ from ringreduce.benchmark.launch import Launch, detect, nccl_variables, run_rank
 
 from .dlrm import FINAL_STEPS, ModeRun, reach
 from .dlrm_cli import seed_spread
-from .fsdp_train import (
+from .fsdp_modes import (
     DEFAULT_SPEC,
     MODES,
     NCCL_MODES,
     REFERENCE,
     TARGET_FRACTION,
     Options,
-    run_modes,
 )
+from .fsdp_train import run_modes
 from .transformer_model import TransformerSpec, grad_bytes
 
 Row = tuple[str, ModeRun]

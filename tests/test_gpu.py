@@ -27,8 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
-from ringreduce.execution import probe
-from ringreduce.plan import layout
+from ringreduce.plan import layout, slicing
 
 from .cases import (
     OPS,
@@ -70,7 +69,8 @@ def _exact_worker(rank: int, world: int, machines: int) -> None:
     with ringreduce.Communicator() as comm:  # defaults: the probe's plan, 1 MiB flat threshold
         plan = comm._res.plan
         assert plan.plan in ("one-slice", "pipelined") and "probe" in plan.reason, plan
-        assert comm._res.probe_calls == 2 * (probe.WARMUP + probe.ROUNDS), comm.op_number
+        probe_calls = 2 * (slicing.PROBE_WARMUP + slicing.PROBE_ROUNDS)
+        assert comm._res.probe_calls == probe_calls, comm.op_number
         sweep(comm, [1000, 3 << 20], dev, dtypes=(torch.float32, torch.bfloat16))
     _blocks(rank, world, machines, dev)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from ringreduce.config import Config
-from ringreduce.model import PRESETS, Cluster, calibrate, cli, nccl_cost, results, simulate
+from ringreduce.model import PRESETS, Cluster, calibrate, cli, nccl_cost, probe, results, simulate
 from ringreduce.model.nccl_cost import link_bound_us, nccl_time_us, ring_time_us, tree_time_us
 from ringreduce.model.simulate import Options, ringreduce_time_us
-from ringreduce.plan import layout, schedule
+from ringreduce.plan import layout, schedule, slicing
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -153,6 +153,71 @@ def test_one_slice_options_are_checked() -> None:
         Options(plan="sliced")
 
 
+#: PCIe-only machines: 4 GPUs at PCIe 4.0 x16 (~25 GB/s, 200 Gbit/s) each way, 200 Gbit/s
+#: a machine. The intra-machine stages take as long as the rail's: the pipeline overlaps them.
+PCIE = Cluster("pcie", 2, 4, intra_gbps=200, intra_lat_us=10.0, net_gbps=200, net_lat_us=14.0)
+#: The faithful runs' nominal cluster (benchmarks/model_validation/faithful.py): 2 x 2 on
+#: NVLink, 10 Gbit/s a machine; the engine took one slice in every process there.
+FAITHFUL = PRESETS["dgx-h100"].with_(name="faithful", gpus=2, intra_gbps=1200, net_gbps=10)
+
+
+@pytest.mark.parametrize(("c", "want"), [(PCIE, "pipelined"), (FAITHFUL, "one-slice")])
+def test_auto_takes_the_plan_slicing_choose_would(c: Cluster, want: str) -> None:
+    nbytes = slicing.PROBE_BYTES
+    one, piped = (probe.probe_us(c, Options(plan=p), nbytes) for p in slicing.PLANS)
+    planned = probe.engine_plan(c, Options())
+    assert planned.plan == slicing.choose(one / 1e6, piped / 1e6, nbytes).plan == want
+    assert planned.brief == f"{one / 1e3:.2f}/{piped / 1e3:.2f}"
+    assert planned.probed and planned.choice.reason.startswith("predicted: a 16 MiB call")
+    # the rows are priced on it, as Options(plan=...) prices them
+    assert planned.options(Options()) == Options(plan=want)
+
+
+def test_the_probe_is_timed_after_its_warm_up() -> None:
+    c = wire_only(4, 2)
+    # no host cost: the device's time per call
+    call = simulate.one_slice_call_us(16 * MiB, c, ONE)
+    assert probe.probe_us(c, ONE, 16 * MiB) == pytest.approx(call, rel=1e-9)
+    # a host slower than the device: a call per host_call_us + host_slice_us
+    slow = c.with_(host_call_us=10 * call, host_slice_us=call)
+    assert probe.probe_us(slow, ONE, 16 * MiB) == pytest.approx(11 * call, rel=1e-9)
+
+
+def test_plans_decided_without_a_probe() -> None:
+    c = PCIE
+    assert probe.engine_plan(c.with_(machines=1), Options()).choice is slicing.ONE_MACHINE
+    assert probe.engine_plan(c.with_(gpus=1), Options()).choice is slicing.ONE_DEVICE
+    given = probe.engine_plan(c, Options(), "one-slice")
+    assert (given.plan, given.brief, given.probed) == ("one-slice", "--plan", False)
+    wire = probe.engine_plan(c, Options(wire_factor=0.5), "one-slice")
+    assert wire.choice is probe.WIRE and wire.options(Options(wire_factor=0.5)).plan == \
+        "pipelined"
+    big = probe.engine_plan(c, Options(min_bytes=512 * MiB))
+    assert big.plan == "pipelined" and "above the probe's largest call" in big.choice.reason
+    with pytest.raises(ValueError, match="plan='sliced' is not one of"):
+        probe.engine_plan(c, Options(), "sliced")
+
+
+def test_cli_prices_the_plan_the_engine_would_take(capsys: pytest.CaptureFixture[str]
+                                                  ) -> None:
+    flags = ["--machines", "2", "--gpus-per-machine", "4", "--intra-gbps", "200",
+             "--machine-net-gbps", "200", "--intra-latency-us", "10", "--sizes", "25M"]
+    (auto,) = cli.main(flags)
+    out = capsys.readouterr().out
+    c = cli.cluster_from(cli.build_parser().parse_args(flags))
+    assert auto["plan"] == probe.engine_plan(c, Options()).plan == "pipelined"
+    assert "one slice unless the pipeline is more than 5% faster" in out
+    assert out.splitlines()[-1].split()[-2:] == ["pipelined", auto["why"]]
+    for plan in slicing.PLANS:
+        (row,) = cli.main([*flags, "--plan", plan])
+        assert row["plan"] == plan and row["why"] == "--plan"
+        assert row["rr"] == ringreduce_time_us(25 * MiB, c, Options(plan=plan))
+    (dgx,) = cli.main(["--machines", "2", "--sizes", "25M"])  # NVLink: one slice
+    assert dgx["plan"] == "one-slice"
+    with pytest.raises(SystemExit):
+        cli.main(["--plan", "sliced"])
+
+
 def test_the_model_runs_the_engines_plan() -> None:
     d, m, size = 4, 2, 100 * MiB + 12  # a tail: the last slice carries padding
     sb = Config().resolved_slice_bytes(d, m)
@@ -176,7 +241,7 @@ def test_small_tensors_and_one_machine_take_nccls_route() -> None:
 
 def test_model_modules_import_only_stdlib_and_the_pure_plan() -> None:
     pure = {"plan", "layout", "schedule", "slicing", "config", "sizes", "defaults", "cluster",
-            "nccl_cost", "simulate", "results", "calibrate", "plot", "cli"}
+            "nccl_cost", "simulate", "probe", "results", "calibrate", "plot", "cli"}
     for path in (ROOT / "ringreduce" / "model").glob("*.py"):
         for node in ast.parse(path.read_text()).body:  # module level: what import runs
             if isinstance(node, ast.ImportFrom) and node.level:

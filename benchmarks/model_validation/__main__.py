@@ -8,8 +8,8 @@
 The first prints the fit and check over every committed results folder and the faithful
 rows (validate.py). ``--plot`` writes the predicted speedup of every preset against machine
 count for 16 x 25 MiB buckets (``python -m ringreduce.model --all-presets --sizes 25M
---buckets 16 --plot PNG``), titled with the validation's median error, and prints the
-dgx-h100 table.
+--buckets 16 --plot PNG``), titled with the validation's median error, and prints every
+preset's table, each row on the plan the engine's construction probe would take.
 """
 
 from __future__ import annotations

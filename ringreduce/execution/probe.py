@@ -1,15 +1,16 @@
 """The construction probe: which plan is faster here, for plan/slicing.choose.
 
 Collective: every rank of a CUDA communicator runs it once, at the end of its
-construction, when the plan is not given and a call can take either plan (M > 1,
-D > 1). It makes ``PROBE_BYTES`` all-reduces through the communicator itself, first
-on one slice, then on the pipeline: a warm-up pair each (connections, the native
-issuer's trace), then ``ROUNDS`` synchronous calls between two events on the
-caller's stream. So each plan is timed as a call runs: the device's work, or the
-host's where issuing takes longer than the device needs. Every rank then takes the
-slowest rank's time of each plan (an all-reduce MAX), so all decide alike. The host
-waits for the device here, at construction, never on a call. The probe's calls are
-numbered and recorded like the user's, before them.
+construction, when the plan is not given and a call can take either plan (M > 1, D > 1).
+It makes all-reduces of ``slicing.PROBE_BYTES`` through the communicator itself, first
+on one slice, then on the pipeline: ``PROBE_WARMUP`` each (connections, the native
+issuer's trace), then ``PROBE_ROUNDS`` synchronous calls between two events on the
+caller's stream (the probe's shape is plan/slicing.py's, which the model prices). So
+each plan is timed as a call runs: the device's work, or the host's where issuing takes
+longer than the device needs. Every rank then takes the slowest rank's time of each plan
+(an all-reduce MAX), so all decide alike. The host waits for the device here, at
+construction, never on a call. The probe's calls are numbered and recorded like the
+user's, before them.
 """
 
 from __future__ import annotations
@@ -26,15 +27,6 @@ from ringreduce.plan import slicing
 
 if TYPE_CHECKING:
     from ringreduce.execution.resources import Resources
-
-PROBE_BYTES = 16 << 20
-"""One probe call: large enough that bandwidth, not latency, decides (a DDP bucket is
-25 MiB), small enough that the probe takes well under a second at 10 Gbit/s."""
-LARGEST_PROBE_BYTES = 256 << 20
-"""Above this ``min_bytes`` the probe is not run (the pipeline is taken)."""
-ROUNDS = 3
-"""Timed calls per plan."""
-WARMUP = 2
 
 
 def plan_without_probe(res: Resources, config: Config) -> slicing.Choice | None:
@@ -58,11 +50,11 @@ def compare(res: Resources, all_reduce: Callable[[torch.Tensor], object],
     """Time both plans through ``all_reduce`` (the communicator's, synchronous) and
     return the faster, agreed over every rank. Leaves ``res.plan`` set to it. A call
     of ``min_bytes`` at least (smaller ones take the flat route)."""
-    nbytes = max(PROBE_BYTES, config.min_bytes)
-    if nbytes > LARGEST_PROBE_BYTES:
-        res.plan = slicing.Choice(slicing.PIPELINED, f"min_bytes={config.min_bytes} is above "
-                                  f"the probe's largest call ({LARGEST_PROBE_BYTES} bytes)")
+    unprobed = slicing.unprobed(config.min_bytes)
+    if unprobed is not None:
+        res.plan = unprobed
         return res.plan
+    nbytes = slicing.probe_bytes(config.min_bytes)
     timeout_s = config.timeout_s
     t = torch.zeros(-(-nbytes // 4), dtype=torch.float32, device=res.device)
     seconds = []
@@ -78,16 +70,16 @@ def compare(res: Resources, all_reduce: Callable[[torch.Tensor], object],
 
 def _timed(call: Callable[[], object], res: Resources, timeout_s: float) -> float:
     """Seconds per call on the caller's stream, after the warm-up."""
-    for _ in range(WARMUP):
+    for _ in range(slicing.PROBE_WARMUP):
         call()
     stream = torch.cuda.current_stream(res.device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record(stream)
-    for _ in range(ROUNDS):
+    for _ in range(slicing.PROBE_ROUNDS):
         call()
     end.record(stream)
     _wait(end, timeout_s, "the construction probe's calls")
-    return start.elapsed_time(end) / 1e3 / ROUNDS
+    return start.elapsed_time(end) / 1e3 / slicing.PROBE_ROUNDS
 
 
 def all_reduce_max(res: Resources, t: torch.Tensor, timeout_s: float) -> None:

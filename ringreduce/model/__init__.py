@@ -2,9 +2,11 @@
 
 Pure planning-side code (stdlib only; matplotlib for ``--plot``): it replays the plan the
 engine runs (layout, schedule, the slice-size rule) against alpha-beta stage costs and a
-host cost per call and per slice (:mod:`.simulate`), prices NCCL's ring and tree with
-NCCL's own cost model (:mod:`.nccl_cost`: the tuner's pick, the tree as it runs), and can
-fit its costs to a benchmark JSON of the user's own (:mod:`.calibrate`, :mod:`.results`).
+host cost per call and per slice (:mod:`.simulate`), on the plan (one slice or the
+pipeline) the engine's construction probe would take (:mod:`.probe`), prices NCCL's ring
+and tree with NCCL's own cost model (:mod:`.nccl_cost`: the tuner's pick, the tree as it
+runs), and can fit its costs to a benchmark JSON of the user's own (:mod:`.calibrate`,
+:mod:`.results`).
 ``python -m ringreduce.model --help``. Its validation against the repository's committed
 measurements is not part of the package: ``python -m benchmarks.model_validation`` from a
 checkout (benchmarks/model_validation/).

@@ -22,7 +22,8 @@ The one-slice plan (plan/slicing.py, execution/one_slice.py: three collectives, 
 the other, on one stream) has no pipeline to replay: :func:`one_slice_call_us` prices its
 call as the sum of the three, and the calls of an iteration follow one another on the
 device while the host issues them (:func:`one_slice_time_us`). ``Options.plan`` says which
-plan a call takes; the engine's construction probe chooses it on CUDA, so the model is told.
+plan a call takes; the engine's construction probe chooses it on CUDA, so the model is told
+(:mod:`.probe` predicts the probe's choice with these prices).
 """
 
 from __future__ import annotations

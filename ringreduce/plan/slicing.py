@@ -32,6 +32,18 @@ PLANS = (ONE_SLICE, PIPELINED)
 ONE_SLICE_MARGIN = 0.05
 """One slice is chosen unless the pipeline was faster by more than this fraction."""
 
+PROBE_BYTES = 16 << 20
+"""One probe call: large enough that bandwidth, not latency, decides (a DDP bucket is
+25 MiB), small enough that the probe takes well under a second at 10 Gbit/s. Its
+shape is here, not in execution/probe.py, so the model (ringreduce/model/) can price
+the probe without torch."""
+LARGEST_PROBE_BYTES = 256 << 20
+"""Above this ``min_bytes`` the probe is not run (the pipeline is taken)."""
+PROBE_WARMUP = 2
+"""Untimed calls per plan before the timed ones (connections, the native issuer's trace)."""
+PROBE_ROUNDS = 3
+"""Timed calls per plan."""
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -63,6 +75,20 @@ def choose(one_slice_s: float, pipelined_s: float, nbytes: int) -> Choice:
                                  f"{ONE_SLICE_MARGIN:.0%}")
     return Choice(ONE_SLICE, f"{measured}: one slice is as fast (within "
                              f"{ONE_SLICE_MARGIN:.0%}) and costs less host time")
+
+
+def probe_bytes(min_bytes: int) -> int:
+    """The probe's call: ``PROBE_BYTES``, or ``min_bytes`` where larger (smaller calls take
+    the flat route, which the probe would not time)."""
+    return max(PROBE_BYTES, min_bytes)
+
+
+def unprobed(min_bytes: int) -> Choice | None:
+    """The pipeline where the probe's call would be above ``LARGEST_PROBE_BYTES``; else None."""
+    if probe_bytes(min_bytes) <= LARGEST_PROBE_BYTES:
+        return None
+    return Choice(PIPELINED, f"min_bytes={min_bytes} is above the probe's largest call "
+                             f"({LARGEST_PROBE_BYTES} bytes)")
 
 
 def given(plan: str) -> Choice:

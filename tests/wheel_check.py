@@ -21,7 +21,7 @@ from pathlib import Path
 import ringreduce
 from ringreduce.execution import kernels
 
-KERNEL_SOURCES = ("add.cu", "wire.cu", "check.cu", "quant.cu", "numeric.cuh")
+KERNEL_SOURCES = ("add.cu", "wire.cu", "check.cu", "quant.cu", "numeric.cuh", "quant.cuh")
 BENCH_MODULES = {"__init__.py", "cli.py", "launch.py", "loops.py", "measure.py", "options.py",
                  "profile.py", "references.py", "report.py", "summary.py"}
 """ringreduce/benchmark/: what ``python -m ringreduce.bench`` runs, nothing else."""

@@ -54,6 +54,12 @@ _WIRE = {torch.bfloat16: "bf16_t", torch.float16: "half_t"}
 #: Elements per vector access of the wire kernels: 16-byte float32 loads.
 _WIRE_VEC = 4
 
+#: Each kernel file and what NVRTC compiles for it: the shared helpers first (no
+#: ``#include``: the sources are joined as text, so nothing needs an include path).
+_SOURCES = {"add.cu": ("numeric.cuh", "add.cu"), "wire.cu": ("numeric.cuh", "wire.cu"),
+            "check.cu": ("numeric.cuh", "check.cu"),
+            "quant.cu": ("numeric.cuh", "quant.cuh", "quant.cu")}
+
 #: Block-quantized wire formats (execution/quant.py) -> FMT of native/quant.cu.
 _QUANT = {"int8": 0, "fp8": 1, "int4": 2}
 #: Element types a quantize reads and a dequantize writes.
@@ -89,9 +95,8 @@ class Kernels:
         """A recorder (ringreduce.execution.native.Recorder): launches are written into a native
         program instead of run (a copy of this object records, see native.py)."""
         self._streams: dict[int, Any] = {}
-        numeric = (source_dir() / "numeric.cuh").read_text()
-        self._sources = {name: numeric + (source_dir() / name).read_text()
-                         for name in ("add.cu", "wire.cu", "check.cu", "quant.cu")}
+        self._sources = {name: "".join((source_dir() / part).read_text() for part in parts)
+                         for name, parts in _SOURCES.items()}
 
     def _function(self, source: str, name: str) -> Any:
         """``name`` (a template instance) compiled from native/``source``, cached."""

@@ -1,0 +1,214 @@
+// The formats and the arithmetic of the block-quantized wires (native/quant.cu's
+// kernels, compiled after numeric.cuh and this file by ringreduce/execution/kernels.py):
+// encoding, decoding, the scale, and the loads and stores of values, codes and scales.
+//
+// Arithmetic, mirrored from quant.py's torch ops on CUDA (every product, sum and
+// quotient rounded on its own, never contracted into an fma: torch's separate kernels
+// round each of them). Subnormals are kept, as torch's kernels keep them: cupy compiles
+// every NVRTC module with -ftz=true (appended after our options, so it cannot be
+// overridden), which would flush them in abs, compares, min/max, mul, add and div. So
+// every float operation here that can meet a subnormal is written without .ftz: the
+// PTX of f_add .. f_max below, bit tests for abs, max-abs and scale > 0. (It showed as
+// int4 differing on a block of 1e-44: max-abs/7 is the subnormal 2^-149, a usable
+// scale for torch, 0 when flushed; int8's and fp8's underflow to 0 either way.)
+//   scale = maxabs * rn(1/QMAX)        torch.div by a Python number multiplies by the
+//                                      reciprocal on CUDA (inv_qmax, rounded on the host)
+//   y     = usable ? x / scale : x     usable: scale finite and > 0; true division
+//   y     = clamp(y, -QMAX, QMAX), nan -> 0
+//   q     = rint(y) (int8, int4: ties to even) | e4m3 of y (c10's rounding, ties to even)
+//   x'    = value(q) * scale
+// max-abs propagates nan as torch.amax does; a residual that is not finite is kept as 0.
+//
+// VEC: vector loads and stores (16-byte fp32 chunks, 4-byte int8/fp8 and 2-byte int4
+// payload chunks), when every pointer is aligned for them; else the same element order
+// in scalar accesses.
+// FMT: 0 int8, 1 fp8 (e4m3), 2 int4.
+
+template <int FMT> struct QuantWire;
+template <> struct QuantWire<0> { static constexpr float qmax = 127.0f; static constexpr int bits = 8; };
+template <> struct QuantWire<1> { static constexpr float qmax = 448.0f; static constexpr int bits = 8; };
+template <> struct QuantWire<2> { static constexpr float qmax = 7.0f; static constexpr int bits = 4; };
+
+__device__ __forceinline__ bool finite(float f) {
+    return (__float_as_uint(f) & 0x7f800000u) != 0x7f800000u;
+}
+
+// IEEE fp32 operations, round to nearest even, subnormals kept (no .ftz, whatever the
+// module's -ftz), never contracted: torch's CUDA kernels' arithmetic.
+#define RR_F32_OP(name, ptx)                                                     \
+    __device__ __forceinline__ float name(float a, float b) {                      \
+        float r;                                                                     \
+        asm(ptx " %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));                          \
+        return r;                                                                    \
+    }
+RR_F32_OP(f_add, "add.rn.f32")
+RR_F32_OP(f_sub, "sub.rn.f32")
+RR_F32_OP(f_mul, "mul.rn.f32")
+RR_F32_OP(f_div, "div.rn.f32")
+RR_F32_OP(f_min, "min.f32")
+RR_F32_OP(f_max, "max.f32")
+#undef RR_F32_OP
+
+// |f| as bits (fabsf would be abs.ftz under -ftz=true).
+__device__ __forceinline__ float f_abs(float f) {
+    return __uint_as_float(__float_as_uint(f) & 0x7fffffffu);
+}
+
+// Max of two magnitudes (sign bit clear), nan winning (torch.amax propagates nan): for
+// non-negative floats the bit patterns order as the values, nan above inf; an integer
+// compare, so a subnormal is not taken for 0.
+__device__ __forceinline__ float nan_max(float a, float b) {
+    return __float_as_uint(a) > __float_as_uint(b) ? a : b;
+}
+
+// scale finite and > 0 (subnormals included), as torch.isfinite(s) & (s > 0).
+__device__ __forceinline__ bool usable_scale(float s) {
+    return __float_as_uint(s) - 1u < 0x7f800000u - 1u;
+}
+
+// float -> e4m3fn bits: c10::detail::fp8e4m3fn_from_fp32_value, step for step (what
+// torch's .to(torch.float8_e4m3fn) runs); |f| <= 448 here, so its nan branch is moot.
+__device__ __forceinline__ unsigned e4m3_bits(float f) {
+    unsigned bits = __float_as_uint(f);
+    const unsigned sign = bits & 0x80000000u;
+    bits ^= sign;
+    unsigned result;
+    if (bits >= (1087u << 20)) {
+        result = 0x7fu;
+    } else if (bits < (121u << 23)) {  // below 2^-6: an e4m3 subnormal, rounded by an add
+        const float denorm = __uint_as_float(141u << 23);
+        bits = __float_as_uint(f_add(__uint_as_float(bits), denorm));
+        result = (bits - (141u << 23)) & 0xffu;
+    } else {
+        const unsigned mant_odd = (bits >> 20) & 1u;
+        bits += (static_cast<unsigned>(7 - 127) << 23) + 0x7ffffu;
+        bits += mant_odd;
+        result = (bits >> 20) & 0xffu;
+    }
+    return result | (sign >> 24);
+}
+
+// e4m3fn bits -> float, exact (nan for 0x7f/0xff, which quantize never writes).
+__device__ __forceinline__ float e4m3_value(unsigned b) {
+    const unsigned e = (b >> 3) & 0xfu, m = b & 7u;
+    float v;
+    if (e == 15u && m == 7u) v = __uint_as_float(0x7fc00000u);
+    else if (e == 0u) v = f_mul(static_cast<float>(m), 0.001953125f);  // m * 2^-9
+    else v = __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return (b & 0x80u) ? -v : v;
+}
+
+// One element's code (a byte; int4 its low nibble) and the value it stands for.
+template <int FMT>
+__device__ __forceinline__ unsigned encode(float v, float scale, bool usable, float* value) {
+    constexpr float Q = QuantWire<FMT>::qmax;
+    float y = usable ? f_div(v, scale) : v;
+    y = (y != y) ? 0.0f : f_min(f_max(y, -Q), Q);
+    if constexpr (FMT == 1) {
+        const unsigned b = e4m3_bits(y);
+        *value = e4m3_value(b);
+        return b;
+    } else {
+        const int q = __float2int_rn(y);  // rint: ties to even, as torch.round
+        *value = static_cast<float>(q);
+        return static_cast<unsigned>(q) & (FMT == 2 ? 0xfu : 0xffu);
+    }
+}
+
+template <int FMT>
+__device__ __forceinline__ float decode(unsigned code) {
+    if constexpr (FMT == 1) return e4m3_value(code);
+    else if constexpr (FMT == 2) return static_cast<float>(static_cast<int>(code << 28) >> 28);
+    else return static_cast<float>(static_cast<signed char>(code));
+}
+
+// A packed row's pieces: where block b's scale and its chunk at element offset i start.
+struct PackedRow {
+    unsigned char* base;
+    long long blocks;  // k / B
+    __device__ __forceinline__ unsigned char* scale(long long b) const { return base + 4 * b; }
+    __device__ __forceinline__ unsigned char* payload(long long b, int block, int i, int bits) const {
+        return base + 4 * blocks + (b * block + i) * bits / 8;
+    }
+};
+
+__device__ __forceinline__ long long row_bytes(long long blocks, int block, int bits) {
+    return 4 * blocks + blocks * block * bits / 8;
+}
+
+template <bool VEC>
+__device__ __forceinline__ float load_scale(const unsigned char* p) {
+    if constexpr (VEC) {
+        return *reinterpret_cast<const float*>(p);
+    } else {
+        unsigned u = 0;
+        for (int j = 0; j < 4; ++j) u |= static_cast<unsigned>(p[j]) << (8 * j);
+        return __uint_as_float(u);
+    }
+}
+
+template <bool VEC>
+__device__ __forceinline__ void store_scale(unsigned char* p, float s) {
+    if constexpr (VEC) {
+        *reinterpret_cast<float*>(p) = s;
+    } else {
+        const unsigned u = __float_as_uint(s);
+        for (int j = 0; j < 4; ++j) p[j] = static_cast<unsigned char>(u >> (8 * j));
+    }
+}
+
+// A chunk's 4 codes as one word: int8/fp8 4 bytes, int4 2 bytes (low nibble first).
+template <int FMT, bool VEC>
+__device__ __forceinline__ unsigned load_codes(const unsigned char* p) {
+    if constexpr (VEC && FMT == 2) {
+        return *reinterpret_cast<const unsigned short*>(p);
+    } else if constexpr (VEC) {
+        return *reinterpret_cast<const unsigned*>(p);
+    } else {
+        unsigned u = 0;
+        for (int j = 0; j < (FMT == 2 ? 2 : 4); ++j) u |= static_cast<unsigned>(p[j]) << (8 * j);
+        return u;
+    }
+}
+
+template <int FMT, bool VEC>
+__device__ __forceinline__ void store_codes(unsigned char* p, unsigned u) {
+    if constexpr (VEC && FMT == 2) {
+        *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(u);
+    } else if constexpr (VEC) {
+        *reinterpret_cast<unsigned*>(p) = u;
+    } else {
+        for (int j = 0; j < (FMT == 2 ? 2 : 4); ++j) p[j] = static_cast<unsigned char>(u >> (8 * j));
+    }
+}
+
+template <int FMT>
+__device__ __forceinline__ float code_at(unsigned codes, int e) {
+    return FMT == 2 ? decode<FMT>((codes >> (4 * e)) & 0xfu)
+                    : decode<FMT>((codes >> (8 * e)) & 0xffu);
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void load4(const T* p, float* out) {
+    if constexpr (VEC) {
+        const Pack<T, 4> v = *reinterpret_cast<const Pack<T, 4>*>(p);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[e] = to_acc(v.v[e]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[e] = to_acc(p[e]);
+    }
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void store4(T* p, const float* in) {
+    if constexpr (VEC) {
+        Pack<T, 4> v;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) from_acc(in[e], &v.v[e]);
+        *reinterpret_cast<Pack<T, 4>*>(p) = v;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) from_acc(in[e], &p[e]);
+    }
+}

@@ -26,7 +26,7 @@ BENCH_MODULES = {"__init__.py", "cli.py", "launch.py", "loops.py", "measure.py",
                  "profile.py", "references.py", "report.py", "summary.py"}
 """ringreduce/benchmark/: what ``python -m ringreduce.bench`` runs, nothing else."""
 MODEL_MODULES = {"__init__.py", "__main__.py", "calibrate.py", "cli.py", "cluster.py",
-                 "nccl_cost.py", "plot.py", "results.py", "simulate.py"}
+                 "nccl_cost.py", "plot.py", "probe.py", "results.py", "simulate.py"}
 """ringreduce/model/: the prediction CLI and the calibration to a user's own benchmark JSON;
 the validation against our measurements (validate.py, faithful.py) is not shipped."""
 

@@ -54,7 +54,7 @@ _ENV = {
 #: compare the engine's alternatives (docs/engineering.md, "Internal settings").
 INTERNAL = ("issuer", "diffuse_gather", "check_new_calls", "check_call_end")
 
-#: Variables read before issue 39 and no longer: Config.from_env names any that is set.
+#: Variables earlier versions read and this one does not: Config.from_env names any set.
 _NOT_READ = {"RINGREDUCE_WIRE_DTYPE": "set RINGREDUCE_WIRE=bf16 or fp16 instead",
              "RINGREDUCE_RAIL_CHANNELS": "removed", "RINGREDUCE_FLIGHT_RECORDS": "removed",
              **{f"RINGREDUCE_{f.upper()}": f"internal now: Communicator({f}=...)"

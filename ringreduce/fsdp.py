@@ -111,10 +111,12 @@ class ShardGroupComms:
         return comm
 
     def communicators(self) -> dict[str, Communicator]:
-        """The communicators in use, by shard group name (the given one under each group
-        it served, built ones as built), plus ``"replicate"``: for counting their calls
-        (``op_number``), ``describe()`` or closing them yourself."""
+        """The communicators in use: those built here by shard group name, the given one
+        under ``"given"``, the replicate group's under ``"replicate"``: for counting
+        their calls (``op_number``) or ``describe()``."""
         comms = dict(self._built)
+        if self._given is not None:
+            comms["given"] = self._given
         if self.replicate is not None:
             comms["replicate"] = self.replicate
         return comms

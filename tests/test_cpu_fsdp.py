@@ -175,6 +175,9 @@ def _replicate_worker(rank: int, world: int) -> None:
         "int8: nothing was rounded, so nothing was tested"
     assert flight(rep) == [("all_reduce", "compressed int8")] * 2  # 2 layers, one step
     assert routes(hooks) == [("reduce_scatter", "flat")] * 2
+    used = hooks[0].comms.communicators()
+    assert set(used) == {mesh["shard"].get_group().group_name, "replicate"}
+    assert used["replicate"] is rep
     hooks[0].comms.close()
     assert not rep._closed  # the user's
     rep.close()

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None, note: str = "") -> list[dict[str, Any]]:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.validate:
-        parser.error("--validate moved out of the package (issue 39: the wheel holds the "
+        parser.error("--validate moved out of the package (the wheel holds the "
                      "library, not the repository's measurements); from a checkout run "
                      "python -m benchmarks.model_validation")
     if args.buckets < 1 or any(m < 1 for m in args.machines or ()):

@@ -9,6 +9,8 @@ command line in ``benchmarks.workloads.dlrm_cli``; this script runs that, e.g. u
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 from pathlib import Path
 
@@ -17,4 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.workloads.dlrm_cli import main
 
 if __name__ == "__main__":
+    # `kill -USR1` prints every thread's stack (gpu.sh's train suite does before a
+    # process set's limit), so a run that does not end leaves where it stood.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     main()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for GPU runs, one suite per device call:
 #
-#   bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|fsdp|kernels|native|compressed|host
+#   bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host
 #
 #   tests    the GPU tests but the fault tests (pytest -m gpu -k "not fault"; TESTS_K) under
 #            a private CUDA MPS daemon with
@@ -29,6 +29,12 @@
 #   soak     SOAK_CALLS random exact calls at 2x2 (loopback), memory flat
 #   dlrm     DDP on NCCL vs the hook vs the backend, capped 2x2; the transformer (146
 #            buckets a step) NCCL vs hook at 2x2; DLRM at 4x2 if time is left
+#   train    DDP for TRAIN_STEPS (1000) steps, DLRM-style (--rows TRAIN_ROWS, 31250), on the
+#            faithful 2x2 capped under NCCL's tree (its best at two machines), against
+#            one loss target (TRAIN_TARGET): one process set per TRAIN_SETS entry,
+#            "name:wire:modes[:seed:seeds]" (the wire reaches the hook as RINGREDUCE_WIRE);
+#            15 s before a set's limit every rank prints its threads' stacks (kill -USR1),
+#            so a set that does not end says where it stood
 #   fsdp     FSDP2 training of the transformer (issue 38, benchmarks/fsdp.py) on the faithful
 #            capped 2x2: plain FSDP2 and native HSDP on NCCL against ringreduce's
 #            reduce-scatter and custom-HSDP replicate all-reduce, fp32 and int8, fsdp-nccl at
@@ -63,8 +69,8 @@ set -u
 cd "$(dirname "$0")/.."
 . benchmarks/gpu_env.sh
 suite=${1:-}
-case "$suite" in tests|perf|faithful|faults|soak|dlrm|fsdp|kernels|native|compressed|host) ;;
-  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|fsdp|kernels|native|compressed|host" >&2
+case "$suite" in tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host) ;;
+  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host" >&2
      exit 2 ;;
 esac
 R="$OUT/$suite"; W="$R/work"; rm -rf "$R"; mkdir -p "$W"
@@ -236,6 +242,23 @@ dlrm)
     --script benchmarks/dlrm.py -- --modes nccl,hook,backend \
     --json "$W/dlrm_4x2.json" ${PLOT[@]+"${PLOT[@]}" "$W/dlrm_4x2.png"}
   grep -hvE "Warning|warn|^W1|^\[rank|^\s*$|socket.cpp|^###" "$W"/dlrm_*.log "$W"/transformer_*.log | tail -40 > "$W/summary_body.txt" ;;
+train)
+  A=(--rows ${TRAIN_ROWS:-31250} --steps ${TRAIN_STEPS:-1000} --warmup 20
+     --target-loss ${TRAIN_TARGET:-0.6342})
+  for spec in ${TRAIN_SETS:-int8:int8:nccl,hook bf16:int8:bf16-hook,powersgd seeds:int8:nccl:1:2}; do
+    IFS=: read -r name wire modes seed seeds <<< "$spec"
+    limit=${TRAIN_S:-150}
+    ( sleep $((limit - 15)); pkill -USR1 -f "python[0-9.]* /\S*benchmarks/dlrm.py" ) &
+    dumper=$!
+    step "train_$name" "$limit" env RINGREDUCE_WIRE="$wire" NCCL_ALGO=allreduce:tree $E_ALL \
+      --machines 2 --gpus-per-machine 2 $CAP --script benchmarks/dlrm.py -- --modes "$modes" \
+      "${A[@]}" --seed "${seed:-0}" --seeds "${seeds:-1}" --json "$W/train_$name.json" \
+      ${PLOT[@]+"${PLOT[@]}" "$W/train_$name.png"}
+    kill "$dumper" 2>/dev/null; wait "$dumper" 2>/dev/null
+  done
+  { for f in "$W"/train_*.log; do echo "== $(basename "$f" .log)"
+      grep -E "^# (seed|outputs|loss floor)|^mode |^[a-z0-9-]+ +[0-9]+ |spread|Thread|File" "$f" \
+        | head -40; done; } > "$W/summary_body.txt" ;;
 fsdp)
   # Estimated on the faithful capped 2x2: fsdp-nccl ~0.2 s a step (fsdp_modes.DEFAULT_SPEC
   # says why), so 60 steps of six modes plus two more seeds ~100 s and start-up; the tree

@@ -159,15 +159,27 @@ def run_modes(opts: Options, device: torch.device) -> list[ModeRun]:
         raise ValueError(refusal)
     runs = []
     for seed, modes in seed_plan(opts):
+        began = time.perf_counter()
         batches = work.batches(opts.steps, opts.batch, seed, dist.get_rank(), device)
         floor = mean_over_ranks(work.floor(batches), device, groups.plain)
+        phase(f"seed {seed}: batches and floor in {time.perf_counter() - began:.1f} s")
         for mode in modes:
+            began = time.perf_counter()
             run = train_mode(mode, opts, seed, work, batches, groups, device)
             runs.append(dataclasses.replace(run, floor=floor))
+            phase(f"seed {seed} {mode}: {time.perf_counter() - began:.1f} s in all, "
+                  f"{run.seconds:.1f} s timed")
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the next mode starts from the same free memory
     target = opts.target_loss or default_target(runs[0], TARGET_FRACTION[opts.model])
     return [reach(run, target) for run in runs]
+
+
+def phase(text: str) -> None:
+    """Rank 0's wall time of a run's parts, as it goes: where a long run spends the time
+    outside its timed steps (and how far one that does not end got)."""
+    if dist.get_rank() == 0:
+        print(f"# {text}", flush=True)
 
 
 def gloo_refusal(opts: Options, work: Workload) -> str | None:

@@ -38,6 +38,7 @@ def rank_main(args: argparse.Namespace, opts: Options, launch: Launch,
         print(describe(opts, launch, device), flush=True)
         print(table(runs), flush=True)
         write_outputs(args, opts, launch, device, runs)
+        print("# outputs written; the process group is torn down next", flush=True)
     return [dataclasses.asdict(r) for r in runs]
 
 

@@ -50,8 +50,9 @@
 #            hook, then over loopback
 #   host     what a call costs the host (issue 36), on the faithful 2x2 capped (>= 2 GPUs):
 #            the GPU tests at 2x2 (test_gpu.py); benchmarks/native_host.py at 25 MiB and
-#            4 MiB: the default (probe-chosen plan) against the pipeline (native and Python
-#            issuers) and NCCL's own call, with a cProfile of the default; DDP with torch's
+#            4 MiB: the default (probe-chosen plan, native issuer) against one slice (native
+#            and Python issuers), the pipeline and NCCL's own call, with a cProfile of
+#            the default; DDP with torch's
 #            NCCL allreduce_hook against ringreduce's hook (hook times per call): DLRM
 #            (25 MiB buckets) and the transformer (4 MiB buckets), NCCL's tree
 #   native   the native issuer (issue 18): benchmarks/native_host.py (host time, CPU and wall
@@ -311,18 +312,19 @@ host)
   F=(--machines 2 --gpus-per-machine 2 $CAP)
   step host_tests ${TESTS_S:-150} python3 benchmarks/emulate.py --mps-only -- \
     env RINGREDUCE_GPU_TOPOLOGIES=2x2 RR_MPS=1 python3 -m pytest -m gpu tests/test_gpu.py \
-    -k "${TESTS_K-not fault}" -p no:cacheprovider -v -rs
+    tests/test_native_cuda.py -k "${TESTS_K-not fault and not killed}" -p no:cacheprovider -v -rs
   for size in 25M 4M; do
     NCCL_SET_THREAD_NAME=1 step "host_call_$size" ${HOST_S:-80} $E_ALL "${F[@]}" \
       --script benchmarks/native_host.py -- --size $size --calls ${HOST_CALLS:-32} \
-      --ways ${HOST_WAYS:-python/auto,python/one,native/piped} --profile "python/one sync"
+      --ways ${HOST_WAYS:-native/auto,native/one,python/one,native/piped} \
+      --profile "native/auto sync,native/auto async"
   done
   # over loopback (no cap): where the rail is fast and the host's time shows; NCCL's
   # INFO lines say which transport carries the intra-machine stages here
   NCCL_SET_THREAD_NAME=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT step host_call_loopback_25M \
     ${HOST_S:-80} $E_ALL --machines 2 --gpus-per-machine 2 --mode loopback \
     --script benchmarks/native_host.py -- --size 25M --calls ${HOST_CALLS:-32} \
-    --ways ${HOST_WAYS:-python/auto,python/one,native/piped}
+    --ways ${HOST_WAYS:-native/auto,native/one,python/one,native/piped}
   step host_ddp_dlrm ${DDP_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${F[@]}" \
     --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook --json "$W/host_ddp_dlrm.json"
   step host_ddp_transformer ${DDP_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${F[@]}" \

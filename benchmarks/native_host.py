@@ -108,9 +108,10 @@ DEFAULT_WAYS = ("native", "python")
 ``native/8M`` (another slice size), ``native/p2p`` (diffuse as a send and a receive
 per other machine, diffuse_gather=False), ``native/nocheck`` (without the
 end-of-call check, check_call_end=False), and the plan (plan/slicing.py):
-``python/auto`` (chosen by the construction probe, as by default), ``python/one``
-(``plan="one-slice"``), ``native/piped`` (``plan="pipelined"``). Every other way
-pins the pipeline, so its issuer is what it measures."""
+``<issuer>/auto`` (chosen by the construction probe, as by default: ``native/auto``
+is the default configuration), ``<issuer>/one`` (``plan="one-slice"``),
+``native/piped`` (``plan="pipelined"``). Every other way pins the pipeline, so its
+issuer is what it measures."""
 
 PLANS = {"auto": None, "one": "one-slice"}
 """Ways whose plan is not the pipeline."""

@@ -151,8 +151,9 @@ class Config:
     rank and bucket)."""
 
     issuer: str | None = None
-    """Internal, CUDA only: who issues a pipelined call's work. ``"python"``: the step
-    loop; ``"native"``: the calls recorded once and replayed from C++ without the GIL
+    """Internal, CUDA only: who issues a hierarchical call's work (either plan).
+    ``"python"``: the step loop or one_slice.run; ``"native"``: the calls recorded once
+    and replayed from C++ without the GIL
     (execution/native.py). ``None``: native where it can run, else python (logged once);
     an explicit native that cannot run is an error. ``ringreduce.info`` says which."""
 

@@ -82,7 +82,7 @@ def _one_slice(comm: ringreduce.Communicator, rank: int, devices: int, machines:
     assert sweep(comm, [*sizes_for(devices, machines), 65537, (1 << 18) + 3], dev) > 0
     interleaved(comm, [1, 1000, 4097, 300_001], dev)
     record = comm._res.guard.recorder.last()
-    assert record is not None and record.route == "one-slice", record
+    assert record is not None and record.route.startswith("one-slice"), record
     g = torch.Generator(device=dev).manual_seed(rank)
     t = torch.randn(1_000_003, device=dev, generator=g)
     comm.all_reduce(t, op=dist.ReduceOp.AVG)

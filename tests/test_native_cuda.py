@@ -5,8 +5,8 @@ still a RingReduceError within the deadline.
 
 One GPU suffices: the topologies of ``RINGREDUCE_GPU_TOPOLOGIES`` (test_gpu.py), ranks
 sharing the GPU (under MPS, except the killed-peer test). Run with ``pytest -m gpu``;
-skipped without CUDA, nccl4py or the built extension. Every Communicator here pins
-``plan="pipelined"``: the native issuer takes pipelined calls only.
+skipped without CUDA, nccl4py or the built extension. Communicators pin their plan;
+the sweep runs both (the native issuer replays either).
 """
 
 from __future__ import annotations
@@ -214,9 +214,9 @@ def test_gpu_ddp_hook_with_unused_parameter_detection_matches_plain_ddp(
                    env=_env(machines, devices), timeout=240)
 
 
-def _sweep_worker(rank: int, world: int, issuer: str) -> None:
+def _sweep_worker(rank: int, world: int, issuer: str, plan: str) -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(plan="pipelined", issuer=issuer, min_bytes=0,
+    with ringreduce.Communicator(plan=plan, issuer=issuer, min_bytes=0,
                                  slice_bytes=4096) as comm, \
             _diagnosed(comm, rank):
         assert comm.describe().endswith(f"issuer={issuer}"), comm.describe()
@@ -235,7 +235,14 @@ def _sweep_worker(rank: int, world: int, issuer: str) -> None:
             comm.all_reduce(t)
             dist.all_reduce(ref)
             check_equal(t, ref, f"{issuer} 500_003 floats")
-    for wire in (torch.bfloat16, torch.float16):
+        last = comm._res.guard.recorder.last()
+        route = last.route if last is not None else "(no flight record)"
+        assert route == f"{'hierarchical' if plan == 'pipelined' else plan}" + \
+            (f" ({issuer})" if issuer == "native" else ""), route
+        if plan == "one-slice":
+            _one_slice_average_agrees(comm, rank, dev)
+    # a 16-bit wire for float32 takes the pipeline on either plan
+    for wire in (torch.bfloat16, torch.float16) if plan == "pipelined" else ():
         with ringreduce.Communicator(plan="pipelined", issuer=issuer, min_bytes=0,
                                      slice_bytes=65536, wire_dtype=wire) as comm:
             for n in (1000, 300_001, 1000, 300_001):
@@ -245,11 +252,28 @@ def _sweep_worker(rank: int, world: int, issuer: str) -> None:
                             f"{issuer} wire {wire} n={n}")
 
 
+def _one_slice_average_agrees(comm: ringreduce.Communicator, rank: int,
+                              dev: torch.device) -> None:
+    """AVG of random floats (not exact in any order): every rank holds the same bits,
+    replayed as when issued from Python at the key's first sight."""
+    g = torch.Generator(device=dev).manual_seed(rank)
+    base = torch.randn(1_000_003, device=dev, generator=g)
+    first, second = base.clone(), base.clone()
+    comm.all_reduce(first, op=dist.ReduceOp.AVG)  # a new key: Python
+    comm.all_reduce(second, op=dist.ReduceOp.AVG)  # traced and replayed
+    assert torch.equal(first, second), "replayed one-slice AVG differs from Python's"
+    hi, lo = second.clone(), second.clone()
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    assert torch.equal(hi, lo), "ranks disagree after a one-slice AVG"
+
+
+@pytest.mark.parametrize("plan", ["pipelined", "one-slice"])
 @pytest.mark.parametrize("issuer", ["native", "python"])
 @pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
 def test_gpu_both_issuers_are_exact_on_the_sweep(machines: int, devices: int,
-                                                 issuer: str) -> None:
+                                                 issuer: str, plan: str) -> None:
     # with every rank on one GPU and 16 cores the time grows with the ranks
-    run_test_ranks(_sweep_worker, machines * devices, issuer, backend="nccl",
+    run_test_ranks(_sweep_worker, machines * devices, issuer, plan, backend="nccl",
                    env=_env(machines, devices),
                    timeout=HANG_S + 60 * machines * devices)

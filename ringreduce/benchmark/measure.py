@@ -121,12 +121,13 @@ def implementations(b: Bench, bufs: list[Pair]) -> dict[str, Reduce | None]:
 
 
 def route_of(comm: ringreduce.Communicator) -> str:
-    """The route of ringreduce's latest call, from its flight record: "hierarchical"
-    or "flat" (the engine's routing decides; this only reads what it decided)."""
+    """The route of ringreduce's latest call, from its flight record: "hierarchical",
+    "one-slice" or "flat", without the issuer (the engine's routing decides; this
+    only reads what it decided)."""
     record = comm._res.guard.recorder.last()  # the engine's own record of the call
     if record is None:
         return "unknown (no flight record)"
-    return "hierarchical" if record.route.startswith("hierarchical") else record.route
+    return record.route.split(" (")[0]
 
 
 def measure(b: Bench, size: int, buckets: int) -> dict[str, Any]:

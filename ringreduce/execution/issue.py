@@ -98,17 +98,20 @@ class Issuer:
 
     def all_reduce(self, t: torch.Tensor, op: str, async_op: bool,
                    record: Record) -> tuple[Any, Ends]:
-        """One all_reduce on CUDA: the native issuer when it takes the call (a pipelined
-        call outside a capture), else from Python (in the caller's capture if any)."""
+        """One all_reduce on CUDA: the native issuer when it takes the call (a
+        hierarchical call outside a capture, on either plan), else from Python (in the
+        caller's capture if any)."""
         capturing = torch.cuda.is_current_stream_capturing()
         native = self.res.native
         if native is not None:  # native.py; captures stay on this thread
-            program = None if capturing or not t.numel() \
-                or self.route_flat(t) or self.one_slice(t) \
-                else native.program(t, op, lambda: self.ctx(record))
+            one = self.one_slice(t)
+            program = None if capturing or not t.numel() or self.route_flat(t) \
+                else native.program(t, op, lambda: self.ctx(record), one)
             if program is not None:
+                record.why = self.res.plan.why
                 after = self.memory.after_pending(t, native_jobs=True)
-                fut, ends = native.issue(t, program, async_op, record, after)
+                fut, ends = native.issue(t, program, async_op, record, after,
+                                         ONE_SLICE if one else "")
                 if async_op:
                     self.memory.pend(t, ends[0][1].seq)
                 return fut, ends

@@ -171,8 +171,10 @@ class NativeIssuer:
         busy = [name for name, stream in streams.items() if not stream.query()]
         return f"streams busy: {', '.join(busy) or 'none'}"
 
-    def program(self, t: torch.Tensor, op: str, make_ctx: Callable[[], Any]) -> Any:
-        """The program of this kind of call (size, dtype, op, alignment), traced at its
+    def program(self, t: torch.Tensor, op: str, make_ctx: Callable[[], Any],
+                one: bool = False) -> Any:
+        """The program of this kind of call (size, dtype, op, alignment; ``one``: on the
+        one-slice plan, which the Communicator fixes for a dtype), traced at its
         second sight; None at its first, which goes through the Python issuer on the
         caller's thread, so that everything done once happens there while no stream
         waits on a flag: NCCL connecting peers and loading kernels, cupy kernels
@@ -189,18 +191,19 @@ class NativeIssuer:
         if len(self._programs) >= _PROGRAMS:
             del self._programs[next(iter(self._programs))]  # the oldest traced
         program = self._programs[key] = recording.trace(self.res, self.wire, self.stages, t,
-                                                        op, make_ctx())
+                                                        op, make_ctx(), one)
         return program
 
     def issue(self, t: torch.Tensor, program: Any, async_op: bool, record: Record,
-              after: int = 0) -> tuple[Any, list[tuple[str, Any]]]:
+              after: int = 0, plan: str = "") -> tuple[Any, list[tuple[str, Any]]]:
         """Issue one hierarchical all_reduce of ``program`` (see ``program``) on this
         thread; returns (Future or None, watchdog ends). ``after``: an earlier job on the
-        same memory that this one follows on the device (0: none). Raises if the issuer
-        already failed, or if NCCL or CUDA refused this job."""
+        same memory that this one follows on the device (0: none); ``plan``: the slice
+        plan, for the flight record. Raises if the issuer already failed, or if NCCL or
+        CUDA refused this job."""
         if self.worker.error() is not None:
             raise RingReduceError(self.failure_text(record))
-        record.route = self.route
+        record.route = f"{plan} ({self.mode})" if plan else self.route
         caller = self._raw_stream(self._index)
         seq = self.worker.run(program, t.data_ptr(), caller, after)  # issued on return
         self._raise_if_refused(seq, record)

@@ -9,11 +9,15 @@ For rank (machine m, device d) of M machines x D devices, the tensor's first
   all_gather      row e = device e's chunk, for every e               (inside, in place)
 
 Three NCCL groups, in place, nothing staged. AVG travels as SUM and divides the chunk
-once before the all-gather, so every rank ends with the same bits. The end-of-call
+once before the all-gather (native/add.cu's true division with no rows where cupy
+is, so the native issuer can replay it; torch's otherwise), so every rank ends with
+the same bits. The end-of-call
 check (call_check.py) rides in the rail group (the maximum over the rail) and in the
 all-gather's (over the machine: then every rank holds the world's), adding no group.
 All of it runs on ``stream``, which the caller made current (torch's division needs
-it): the caller's own for a synchronous call, the flat stream for an asynchronous one.
+it): from Python the caller's own for a synchronous call, the flat stream for an
+asynchronous one; replayed by the native issuer (recording.py) the last stage's, whose
+flag and done event end the job.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ if TYPE_CHECKING:
 RAIL = "collect"
 """The rail all-reduce runs on the collect stage's communicator (a rail's ranks are
 its machines); errors name it so, with the rail's ranks as peers."""
+STAGE_OF_GROUP = {"world": RAIL, "diffuse": RAIL}
+"""The stage a group's failure is named after, by the group's first communicator
+where it is not a stage's own: the tail and the check's rail hop ride the rail's
+group."""
 
 
 def run(flat: torch.Tensor, op: str, ctx: CallContext, stream: int | None) -> None:
@@ -58,7 +66,7 @@ def run(flat: torch.Tensor, op: str, ctx: CallContext, stream: int | None) -> No
     if op == "avg":
         for part in (chunk, tail):
             if part.numel():
-                finish_average(part, topo.world_size, ctx.divisors.get(part.dtype))
+                _average(part, ctx, stream)
     if devices > 1:
         with stage_errors(ctx, "all_gather", flat), transport.group(["all_gather"]):
             if k:
@@ -67,3 +75,12 @@ def run(flat: torch.Tensor, op: str, ctx: CallContext, stream: int | None) -> No
                 transport.exchange_signature("all_gather", check.got, check.got, stream)
     if check is not None:
         check.verify(ctx, own, stream)
+
+
+def _average(part: torch.Tensor, ctx: CallContext, stream: int | None) -> None:
+    """``part /= world size`` on ``stream``: the add kernel with no rows where there are
+    kernels (one launch the native issuer can record), else torch's true division."""
+    if ctx.kernels is not None and stream is not None:
+        ctx.kernels.add(part, part.view(1, -1)[:0], "avg", ctx.topo.world_size, stream)
+    else:
+        finish_average(part, ctx.topo.world_size, ctx.divisors.get(part.dtype))

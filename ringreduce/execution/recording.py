@@ -9,7 +9,9 @@ collaborators:
                      --transport--> NcclTransport(calls=RecordedNccl)  NCCL groups
                      --kernels-->   Kernels copy with ``emit`` set      kernel launches
 
-which write instructions into a Recorder instead of executing them. The result is a
+which write instructions into a Recorder instead of executing them. A one-slice call
+(one_slice.run) is walked the same way, on the last stage's stream: the job's entry
+wait, its three groups and kernels, then the flag and done event on that stream. The result is a
 validated ``_native.Program`` (native/program.h): pointers inside the caller's tensor
 are stored relative to its start, staging and padding pointers absolutely. Replaying
 it is native.py's.
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 
 from ringreduce.errors import RingReduceError
-from ringreduce.execution import nccl
+from ringreduce.execution import nccl, one_slice
 from ringreduce.execution.pipeline import run_waves
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import schedule
@@ -177,25 +179,49 @@ class RecordedStreams:
 
 
 
+class StagedTransport(NcclTransport):
+    """A one-slice call runs on one stream, so what names its failures is the group:
+    each group sets the recorder's stage (one_slice.STAGE_OF_GROUP)."""
+
+    def __init__(self, rec: Recorder, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rec = rec
+
+    def group(self, stages: Sequence[str]) -> contextlib.AbstractContextManager[None]:
+        if stages:
+            stage = one_slice.STAGE_OF_GROUP.get(stages[0], stages[0])
+            if stage in self.rec.stages:
+                self.rec.stage = self.rec.stages.index(stage)
+        return super().group(stages)
+
+
 def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Tensor,
-          op: str, ctx: CallContext) -> Any:
-    """The program of this call: the plan walked against recording collaborators;
-    nothing is issued."""
+          op: str, ctx: CallContext, one: bool = False) -> Any:
+    """The program of this call: the plan walked against recording collaborators
+    (``one``: the one-slice plan); nothing is issued."""
     topo = res.topo
-    ctx.wire = wire if t.dtype == torch.float32 else None
-    plans, waves = schedule.plan_waves(
-        t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
-        res.call_slice_bytes(t.numel() * t.element_size()), res.staging_slots,
-        "add" if ctx.wire is None else "diffuse")
     rec = Recorder(t.data_ptr(), t.numel() * t.element_size(), stages)
     kernels = copy.copy(res.kernels)
     kernels.emit = rec
     ctx.kernels = kernels
     ctx.sync = RecordedStreams(res.sync, rec)
     transport = res.transport
-    ctx.transport = NcclTransport(topo, transport.comms, kernels, calls=RecordedNccl(rec),
-                                  gathers=transport.gathers)
-    run_waves(waves, t.view(-1), plans, op, ctx)
+    calls, comms = RecordedNccl(rec), transport.comms
+    if one:
+        ctx.transport = StagedTransport(rec, topo, comms, kernels, calls=calls,
+                                        gathers=transport.gathers)
+        stream = ctx.sync.handle(stages[-1])  # the flag's stream: no event to join it
+        ctx.sync.wait(stages[-1], [ENTRY])
+        one_slice.run(t.view(-1), op, ctx, stream)
+    else:
+        ctx.wire = wire if t.dtype == torch.float32 else None
+        plans, waves = schedule.plan_waves(
+            t.numel(), t.element_size(), topo.devices_per_machine, topo.machines,
+            res.call_slice_bytes(t.numel() * t.element_size()), res.staging_slots,
+            "add" if ctx.wire is None else "diffuse")
+        ctx.transport = NcclTransport(topo, comms, kernels, calls=calls,
+                                      gathers=transport.gathers)
+        run_waves(waves, t.view(-1), plans, op, ctx)
     rec.stage = len(stages) - 1
     rec.emit("write_flag")
     return rec.program()

@@ -63,8 +63,9 @@ class Resources:
     """Config.smallest_slice_bytes: a small call's slices (call_slice_bytes); 0: every
     call's are ``slice_bytes``."""
     native: Any = None
-    """The native issuer (native.NativeIssuer: replays a pipelined call's NCCL calls
-    from C++ on the caller's thread); None: every call is issued from Python."""
+    """The native issuer (native.NativeIssuer: replays a hierarchical call's NCCL calls
+    and kernels from C++ on the caller's thread, on either plan); None: every call is
+    issued from Python."""
     call_check: Any = None
     """The end-of-call check (call_check.py, Config.check_call_end); None: off."""
     plan: slicing.Choice = slicing.CPU_DEFAULT

@@ -316,7 +316,7 @@ host)
   for size in 25M 4M; do
     NCCL_SET_THREAD_NAME=1 step "host_call_$size" ${HOST_S:-80} $E_ALL "${F[@]}" \
       --script benchmarks/native_host.py -- --size $size --calls ${HOST_CALLS:-32} \
-      --ways ${HOST_WAYS:-native/auto,native/one,python/one,native/piped} \
+      --ways ${HOST_WAYS:-native/auto,native/one,native/one+nocheck,python/one,native/piped} \
       --profile "native/auto sync,native/auto async"
   done
   # over loopback (no cap): where the rail is fast and the host's time shows; NCCL's

@@ -110,8 +110,9 @@ per other machine, diffuse_gather=False), ``native/nocheck`` (without the
 end-of-call check, check_call_end=False), and the plan (plan/slicing.py):
 ``<issuer>/auto`` (chosen by the construction probe, as by default: ``native/auto``
 is the default configuration), ``<issuer>/one`` (``plan="one-slice"``),
-``native/piped`` (``plan="pipelined"``). Every other way pins the pipeline, so its
-issuer is what it measures."""
+``native/piped`` (``plan="pipelined"``); variants join with ``+``, e.g.
+``native/one+nocheck``. A way without a plan pins the pipeline, so its issuer is what
+it measures."""
 
 PLANS = {"auto": None, "one": "one-slice"}
 """Ways whose plan is not the pipeline."""
@@ -122,13 +123,16 @@ def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.C
     comms = {}
     for way in ways:
         issuer, _, variant = way.partition("/")
-        slice_bytes = parse_size(variant) if variant[:1].isdigit() else None
-        plan = PLANS.get(variant, "pipelined")
+        variants = variant.split("+")  # e.g. one+nocheck
+        sizes = [parse_size(v) for v in variants if v[:1].isdigit()]
+        plans = [PLANS[v] for v in variants if v in PLANS]
         # issuer, check_call_end, diffuse_gather: Config's internal settings (config.py)
-        comms[way] = ringreduce.Communicator(machines=machines, slice_bytes=slice_bytes,
-                                             plan=plan, issuer=issuer,
-                                             check_call_end=variant != "nocheck",
-                                             diffuse_gather=variant != "p2p")
+        comms[way] = ringreduce.Communicator(machines=machines,
+                                             slice_bytes=sizes[0] if sizes else None,
+                                             plan=plans[0] if plans else "pipelined",
+                                             issuer=issuer,
+                                             check_call_end="nocheck" not in variants,
+                                             diffuse_gather="p2p" not in variants)
         described = comms[way].describe()
         assert described.endswith(f"issuer={issuer}"), described
     return comms

@@ -32,7 +32,8 @@
 #   train    DDP for TRAIN_STEPS (1000) steps, DLRM-style (--rows TRAIN_ROWS, 31250), on the
 #            faithful 2x2 capped under NCCL's tree (its best at two machines), against
 #            one loss target (TRAIN_TARGET): one process set per TRAIN_SETS entry,
-#            "name:wire:modes[:seed:seeds]" (the wire reaches the hook as RINGREDUCE_WIRE);
+#            "name:wire:modes[:seed:seeds[:topology]]" (the wire reaches the hook as
+#            RINGREDUCE_WIRE; the topology MxD, default 2x2);
 #            15 s before a set's limit every rank prints its threads' stacks (kill -USR1),
 #            so a set that does not end says where it stood
 #   fsdp     FSDP2 training of the transformer (issue 38, benchmarks/fsdp.py) on the faithful
@@ -247,12 +248,13 @@ train)
   A=(--rows ${TRAIN_ROWS:-31250} --steps ${TRAIN_STEPS:-1000} --warmup 20
      --target-loss ${TRAIN_TARGET:-0.6342})
   for spec in ${TRAIN_SETS:-int8:int8:nccl,hook bf16:int8:bf16-hook,powersgd seeds:int8:nccl:1:2}; do
-    IFS=: read -r name wire modes seed seeds <<< "$spec"
-    limit=${TRAIN_S:-150}
+    IFS=: read -r name wire modes seed seeds topo <<< "$spec"
+    topo=${topo:-2x2}; limit=${TRAIN_S:-150}
     ( sleep $((limit - 15)); pkill -USR1 -f "python[0-9.]* /\S*benchmarks/dlrm.py" ) &
     dumper=$!
     step "train_$name" "$limit" env RINGREDUCE_WIRE="$wire" NCCL_ALGO=allreduce:tree $E_ALL \
-      --machines 2 --gpus-per-machine 2 $CAP --script benchmarks/dlrm.py -- --modes "$modes" \
+      --machines "${topo%x*}" --gpus-per-machine "${topo#*x}" $CAP --script benchmarks/dlrm.py \
+      -- --modes "$modes" \
       "${A[@]}" --seed "${seed:-0}" --seeds "${seeds:-1}" --json "$W/train_$name.json" \
       ${PLOT[@]+"${PLOT[@]}" "$W/train_$name.png"}
     kill "$dumper" 2>/dev/null; wait "$dumper" 2>/dev/null

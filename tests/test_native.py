@@ -391,6 +391,71 @@ def test_a_traced_call_is_the_plans_operations_and_independent_of_the_tensors_ad
     assert bytes(other.code) != bytes(rec.code)
 
 
+def _trace_one(numel: int, rank: int, op: str, machines: int = 2,
+               devices: int = 2) -> tuple[recording.Recorder, torch.Tensor]:
+    """Trace one float32 one-slice call as recording.trace does, with CPU tensors."""
+    topo, _, real, _ = _communicator_parts(rank, machines, devices)
+    t = torch.arange(numel, dtype=torch.float32)
+    stages = schedule.active_stages(devices)
+    rec = recording.Recorder(t.data_ptr(), numel * 4, stages)
+    kernels = _real_kernels(rec)
+    comms = {s: SimpleNamespace(_comm=7 + i) for i, s in enumerate((*schedule.STAGES, "world"))}
+    transport = recording.StagedTransport(rec, topo, comms, kernels,
+                                          calls=recording.RecordedNccl(rec))
+    ctx = SimpleNamespace(topo=topo, kernels=kernels, record=None, op_number=1, divisors={},
+                          sync=recording.RecordedStreams(real, rec), transport=transport,
+                          check=_call_check(rank, machines, devices))
+    recording.walk_one_slice(t, op, ctx, stages)
+    rec.stage = len(stages) - 1
+    rec.emit("write_flag")
+    return rec, t
+
+
+@built
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_a_one_slice_call_traces_as_three_groups_on_the_flag_stream(op: str) -> None:
+    """The one-slice plan recorded for the native issuer: after the job's entry, on the
+    stream whose flag ends the job, the check's put, the reduce-scatter, one group for
+    the rail (chunk, the n mod D tail on the world communicator, the check's rail hop;
+    nested groups recorded as one, which the program validator requires), AVG's
+    division as launches, the all-gather with the check's machine hop, the verdict.
+    Each instruction names the stage its failure would name; the program does not
+    depend on the tensor's address."""
+    numel, devices, rank = 2 * 5000 + 1, 2, 1
+    rec, t = _trace_one(numel, rank, op)
+    rec.program()  # validates: no nested group, every group closed
+    names = {code: name for name, code in _native.OPS.items()}
+    code = [struct.unpack("<9q", bytes(rec.code[i:i + 72])) for i in range(0, len(rec.code), 72)]
+    order = [names[c[0]] for c in code]
+    divide = ["launch", "launch"] if op == "avg" else []  # the chunk, then the tail
+    assert order == ["wait_event", "launch", "group_start", "reduce_scatter", "group_end",
+                     "group_start", "all_reduce", "all_reduce", "all_reduce", "group_end",
+                     *divide, "group_start", "all_gather", "all_reduce", "group_end",
+                     "launch", "write_flag"], order
+    stages = schedule.active_stages(devices)
+    flag_stream = 100 + schedule.STAGES.index(stages[-1])
+    assert code[0][3:5] == (flag_stream, 0)  # the wait for the job's own entry event
+    by_stage = {"reduce_scatter": [3], "collect": [6, 7, 8],
+                "all_gather": [len(order) - 5, len(order) - 4]}
+    for stage, where in by_stage.items():
+        assert {code[i][1] for i in where} == {stages.index(stage)}, (stage, where)
+    streams = {"reduce_scatter": 8, "all_reduce": 8, "all_gather": 8}  # a5: the stream
+    assert {c[streams[names[c[0]]]] for c in code if names[c[0]] in streams} == {flag_stream}
+    k = numel // devices
+    rs = code[3]  # send = the body at offset 0, recv = row `rank` of it, both relative
+    assert rs[2] & 0b110 == 0b110 and (rs[4], rs[5], rs[6]) == (0, rank * k * 4, k)
+    rail, tail = code[6], code[7]
+    assert (rail[4], rail[6]) == (rank * k * 4, k) and (tail[4], tail[6]) == (k * devices * 4, 1)
+    if op == "avg":  # the add kernel on the chunk (relative) with no rows (nrows 0)
+        first = code[10]
+        args = [struct.unpack("<2q", bytes(rec.args[16 * (first[6] + j):16 * (first[6] + j + 1)]))
+                for j in range(first[7])]
+        assert args[0] == (8 | 1 << 8, rank * k * 4) and args[2][1] == k and args[3][1] == 0, args
+    again, _ = _trace_one(numel, rank, op)  # a new tensor, elsewhere (t is alive)
+    assert again.base != rec.base == t.data_ptr()
+    assert bytes(again.code) == bytes(rec.code) and bytes(again.args) == bytes(rec.args)
+
+
 _GIL_AND_LOCK = """
 import struct, threading
 from ringreduce.execution import native

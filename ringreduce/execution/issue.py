@@ -67,6 +67,14 @@ class Issuer:
         return (self.res.topo.machines == 1
                 or t.numel() * t.element_size() < self.config.min_bytes)
 
+    @property
+    def replays_one_slice(self) -> bool:
+        """Whether the native issuer takes one-slice calls too: only where asked for by
+        ``issuer="native"``; by default they are issued from Python, as measured so
+        far. The native replay is traced and checked on the CPU but not yet run on a
+        GPU (docs/engineering.md, "Internal settings")."""
+        return self.config.issuer == "native"
+
     def one_slice(self, t: torch.Tensor) -> bool:
         """Whether a hierarchical all_reduce of ``t`` takes one slice (Resources.plan);
         a 16-bit wire for float32 is the pipeline's (its add narrows the rail rows)."""
@@ -99,13 +107,14 @@ class Issuer:
     def all_reduce(self, t: torch.Tensor, op: str, async_op: bool,
                    record: Record) -> tuple[Any, Ends]:
         """One all_reduce on CUDA: the native issuer when it takes the call (a
-        hierarchical call outside a capture, on either plan), else from Python (in the
-        caller's capture if any)."""
+        hierarchical call outside a capture; one-slice calls see replays_one_slice),
+        else from Python (in the caller's capture if any)."""
         capturing = torch.cuda.is_current_stream_capturing()
         native = self.res.native
         if native is not None:  # native.py; captures stay on this thread
             one = self.one_slice(t)
             program = None if capturing or not t.numel() or self.route_flat(t) \
+                or (one and not self.replays_one_slice) \
                 else native.program(t, op, lambda: self.ctx(record), one)
             if program is not None:
                 record.why = self.res.plan.why

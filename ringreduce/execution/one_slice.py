@@ -9,9 +9,9 @@ For rank (machine m, device d) of M machines x D devices, the tensor's first
   all_gather      row e = device e's chunk, for every e               (inside, in place)
 
 Three NCCL groups, in place, nothing staged. AVG travels as SUM and divides the chunk
-once before the all-gather (native/add.cu's true division with no rows where cupy
-is, so the native issuer can replay it; torch's otherwise), so every rank ends with
-the same bits. The end-of-call
+once before the all-gather (torch's true division; when the native issuer records
+the call, native/add.cu's with no rows, a launch its program can hold: the same
+correctly rounded quotient), so every rank ends with the same bits. The end-of-call
 check (call_check.py) rides in the rail group (the maximum over the rail) and in the
 all-gather's (over the machine: then every rank holds the world's), adding no group.
 All of it runs on ``stream``, which the caller made current (torch's division needs
@@ -78,9 +78,11 @@ def run(flat: torch.Tensor, op: str, ctx: CallContext, stream: int | None) -> No
 
 
 def _average(part: torch.Tensor, ctx: CallContext, stream: int | None) -> None:
-    """``part /= world size`` on ``stream``: the add kernel with no rows where there are
-    kernels (one launch the native issuer can record), else torch's true division."""
-    if ctx.kernels is not None and stream is not None:
+    """``part /= world size`` on ``stream``: torch's true division, or the add kernel
+    with no rows while the native issuer records (recording.py: a torch op would run
+    at trace time instead of landing in the program). Both divide in the element
+    type, 16-bit types in fp32 and rounded once: the same bits."""
+    if getattr(ctx.kernels, "emit", None) is not None:
         ctx.kernels.add(part, part.view(1, -1)[:0], "avg", ctx.topo.world_size, stream)
     else:
         finish_average(part, ctx.topo.world_size, ctx.divisors.get(part.dtype))

@@ -110,12 +110,20 @@ class RecordedNccl:
 
     def __init__(self, recorder: Recorder) -> None:
         self.rec = recorder
+        self.depth = 0
 
     @contextlib.contextmanager
     def group(self) -> Iterator[None]:
-        self.rec.emit("group_start")
+        """A group; one inside another is recorded as part of it (NCCL merges nested
+        groups into the outermost, and a program holds no nesting: native/program.cpp)."""
+        outer = self.depth == 0
+        if outer:
+            self.rec.emit("group_start")
+        self.depth += 1
         yield
-        self.rec.emit("group_end")
+        self.depth -= 1
+        if outer:
+            self.rec.emit("group_end")
 
     def send(self, comm: Any, t: torch.Tensor, peer: int, stream: int) -> None:
         self.rec.emit("send", comm._comm, t.data_ptr(), t.numel(), nccl.dtype_code(t.dtype),
@@ -195,6 +203,15 @@ class StagedTransport(NcclTransport):
         return super().group(stages)
 
 
+def walk_one_slice(t: torch.Tensor, op: str, ctx: CallContext, stages: Sequence[str]) -> None:
+    """A one-slice call against recording collaborators: on the last stage's stream,
+    whose flag and done event end the job (no event joins it to another), after the
+    job's entry event."""
+    stream = ctx.sync.handle(stages[-1])
+    ctx.sync.wait(stages[-1], [ENTRY])
+    one_slice.run(t.view(-1), op, ctx, stream)
+
+
 def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Tensor,
           op: str, ctx: CallContext, one: bool = False) -> Any:
     """The program of this call: the plan walked against recording collaborators
@@ -210,9 +227,7 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
     if one:
         ctx.transport = StagedTransport(rec, topo, comms, kernels, calls=calls,
                                         gathers=transport.gathers)
-        stream = ctx.sync.handle(stages[-1])  # the flag's stream: no event to join it
-        ctx.sync.wait(stages[-1], [ENTRY])
-        one_slice.run(t.view(-1), op, ctx, stream)
+        walk_one_slice(t, op, ctx, stages)
     else:
         ctx.wire = wire if t.dtype == torch.float32 else None
         plans, waves = schedule.plan_waves(

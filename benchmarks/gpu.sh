@@ -328,9 +328,11 @@ host)
     --script benchmarks/native_host.py -- --size 25M --calls ${HOST_CALLS:-32} \
     --ways ${HOST_WAYS:-native/auto,native/one,python/one,native/piped}
   step host_ddp_dlrm ${DDP_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${F[@]}" \
-    --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook --json "$W/host_ddp_dlrm.json"
+    --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook ${HOST_DDP_FLAGS---issuer native} \
+    --json "$W/host_ddp_dlrm.json"
   step host_ddp_transformer ${DDP_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${F[@]}" \
-    --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook --model transformer \
+    --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook ${HOST_DDP_FLAGS---issuer native} \
+    --model transformer \
     --layers 48 --bucket-mb 4 --steps 24 --warmup 4 --json "$W/host_ddp_transformer.json"
   { pytest_summary "$W/host_tests.log"; grep -h "plan" "$W/info.log"
     for f in "$W"/host_call_*.log; do echo "== $(basename "$f" .log)"

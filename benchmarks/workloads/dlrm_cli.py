@@ -162,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--machines", type=int, help="virtual machines of hook and backend modes; "
         "default: from host ids (2 for standalone CPU runs)")
     add("--min-bytes", type=int, help="min_bytes of hook and backend modes' engines")
+    add("--issuer", choices=("native", "python"),
+        help="the hook's Communicator(issuer=...), an internal setting (default: the "
+             "library's choice); 'native' also replays one-slice calls")
     add("--nprocs", type=int, help="processes to spawn without a launcher (default 4 on CPU)")
     add("--json", help="write {meta, runs, seed_spread} here")
     add("--plot", help="write the loss curves here (PNG, needs matplotlib)")
@@ -227,6 +230,7 @@ def options(args: argparse.Namespace, cuda: bool) -> Options:
         opts = Options(modes=modes, spec=spec, batch=args.batch or 0, steps=args.steps,
                        warmup=args.warmup, lr=args.lr or 0.0, seed=args.seed,
                        bucket_mb=args.bucket_mb, machines=machines, min_bytes=args.min_bytes,
+                       issuer=args.issuer,
                        model=args.model, transformer=transformer,
                        powersgd_rank=args.powersgd_rank, powersgd_start=args.powersgd_start,
                        seeds=args.seeds, target_loss=args.target_loss)

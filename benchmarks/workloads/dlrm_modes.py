@@ -52,6 +52,7 @@ class Options:
     bucket_mb: float = 25.0  # DDP's default bucket cap
     machines: int | None = None  # Communicator(machines=...); None: from host ids
     min_bytes: int | None = None  # Communicator(min_bytes=...); None: its default
+    issuer: str | None = None  # the hook's Communicator(issuer=...); None: its default
     model: str = "dlrm"
     transformer: TransformerSpec = dataclasses.field(default_factory=TransformerSpec)
     powersgd_rank: int = 4  # PowerSGDState(matrix_approximation_rank=...)
@@ -151,7 +152,7 @@ def engine(mode: str, opts: Options, groups: Groups,
     (built on first use and kept by the group), or None for the other modes."""
     if mode == "hook":
         return ringreduce.Communicator(groups.plain, machines=opts.machines,
-                                       min_bytes=opts.min_bytes)
+                                       min_bytes=opts.min_bytes, issuer=opts.issuer)
     if mode == "backend":
         if groups.ringreduce is None:
             raise ValueError("mode 'backend' needs the default process group created with "

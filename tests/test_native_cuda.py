@@ -241,6 +241,7 @@ def _sweep_worker(rank: int, world: int, issuer: str, plan: str) -> None:
             (f" ({issuer})" if issuer == "native" else ""), route
         if plan == "one-slice":
             _one_slice_average_agrees(comm, rank, dev)
+            _replayed_and_new_calls_in_flight_together(comm, rank, world, dev)
     # a 16-bit wire for float32 takes the pipeline on either plan
     for wire in (torch.bfloat16, torch.float16) if plan == "pipelined" else ():
         with ringreduce.Communicator(plan="pipelined", issuer=issuer, min_bytes=0,
@@ -250,6 +251,25 @@ def _sweep_worker(rank: int, world: int, issuer: str, plan: str) -> None:
                 comm.all_reduce(t)
                 check_equal(t, expected(world, n, torch.float32, dist.ReduceOp.SUM, dev),
                             f"{issuer} wire {wire} n={n}")
+
+
+def _replayed_and_new_calls_in_flight_together(comm: ringreduce.Communicator, rank: int,
+                                               world: int, dev: torch.device) -> None:
+    """Asynchronous calls alternating a replayed kind with ever-new kinds (issued from
+    Python at first sight), none waited for until the end, as DDP's buckets of many
+    sizes: each call's end-of-call check must see its own words (they share buffers;
+    issued on two streams they raced: 'ranks called different operations')."""
+    jobs = []
+    for i in range(24):
+        n = 300_001 if i % 2 else 300_001 + 2 * i  # a replayed kind, then a new one
+        t = rank_input(rank, n, torch.float32, dev, salt=i)
+        jobs.append((t, comm.all_reduce(t, async_op=True), n, i))
+    for t, fut, n, i in jobs:
+        assert fut is not None
+        fut.wait()
+        check_equal(t, expected(world, n, torch.float32, dist.ReduceOp.SUM, dev, salt=i),
+                    f"mixed issuers n={n} call {i}")
+    assert comm.wait_idle(60.0)
 
 
 def _one_slice_average_agrees(comm: ringreduce.Communicator, rank: int,

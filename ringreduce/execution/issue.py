@@ -29,7 +29,7 @@ from ringreduce.execution.pipeline import flat_here, run_waves
 from ringreduce.execution.resources import Resources
 from ringreduce.execution.streams import FLAT
 from ringreduce.plan import schedule
-from ringreduce.plan.schedule import ENTRY
+from ringreduce.plan.schedule import DONE, ENTRY
 from ringreduce.plan.slicing import ONE_SLICE
 from ringreduce.safety.flight import Record
 
@@ -161,6 +161,11 @@ class Issuer:
         record.why = res.plan.why
         if self.one_slice(t):
             record.route = ONE_SLICE
+            if res.native is not None and self.replays_one_slice:
+                # on the replays' stream: one-slice calls share the end-of-call check's
+                # buffers, so they must all run on one stream (call_check.py)
+                end = schedule.active_stages(res.topo.devices_per_machine)[-1]
+                return self._unsliced(one_slice.run, t, op, ctx, False, end)
             return self._unsliced(one_slice.run, t, op, ctx, inline)
         record.route = "hierarchical"
         res.sync.enter()
@@ -174,20 +179,23 @@ class Issuer:
         return schedule.active_stages(topo.devices_per_machine)[-1]
 
     def _unsliced(self, run: Callable[[torch.Tensor, str, CallContext, int | None], None],
-                  t: torch.Tensor, op: str, ctx: CallContext, inline: bool) -> str:
+                  t: torch.Tensor, op: str, ctx: CallContext, inline: bool,
+                  stream: str = FLAT) -> str:
         """A call issued as a few collectives on one stream (the flat route, one
         slice): the caller's when ``inline`` (synchronous calls, like
         ``dist.all_reduce``: events and a stream switch would cost a third of the
-        host time), else the flat stream after the entry event."""
+        host time), else ``stream`` (a stage's or the flat one) after the entry event,
+        recording the done event a synchronous call's caller waits for."""
         if inline:
             run(t.view(-1), op, ctx, self.res.sync.caller().cuda_stream if self.res.is_cuda
                 else None)
             return ""
         self.res.sync.enter()
-        ctx.sync.wait(FLAT, [ENTRY])
-        with ctx.sync.on(FLAT):
-            run(t.view(-1), op, ctx, ctx.sync.handle(FLAT))
-        return FLAT
+        ctx.sync.wait(stream, [ENTRY])
+        with ctx.sync.on(stream):
+            run(t.view(-1), op, ctx, ctx.sync.handle(stream))
+        ctx.sync.record(stream, [DONE])
+        return stream
 
     def _issue_now(self, t: torch.Tensor, op: str, async_op: bool,
                    record: Record) -> tuple[Any, Ends]:
@@ -229,7 +237,8 @@ class Issuer:
             event = torch.cuda.Event()
             event.record(res.sync.caller() if stream == CALLER
                          else res.sync.streams[stream])
-            done.append((label, event, self._peers(stream)))
+            # a one-slice call on a stage's stream still has every rank as its peers
+            done.append((label, event, self._peers(label if label == ONE_SLICE else stream)))
         res.watchdog.watch(record.op_number, f"{record.kind} of {record.numel} x {record.dtype}",
                            done)
 
@@ -285,8 +294,8 @@ def _stage_ends(last: str, devices: int, route: str) -> Ends:
     label = ONE_SLICE if route == ONE_SLICE else FLAT
     if not last:
         return [(label, CALLER)]
-    if last == FLAT:
-        return [(label, FLAT)]
+    if last == FLAT or route == ONE_SLICE:
+        return [(label, last)]
     return [(s, s) for s in schedule.active_stages(devices)]
 
 

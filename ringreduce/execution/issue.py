@@ -194,7 +194,8 @@ class Issuer:
         ctx.sync.wait(stream, [ENTRY])
         with ctx.sync.on(stream):
             run(t.view(-1), op, ctx, ctx.sync.handle(stream))
-        ctx.sync.record(stream, [DONE])
+        if stream != FLAT:  # calls on the flat stream here are asynchronous: no leave()
+            ctx.sync.record(stream, [DONE])
         return stream
 
     def _issue_now(self, t: torch.Tensor, op: str, async_op: bool,

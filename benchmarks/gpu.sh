@@ -337,7 +337,7 @@ host)
   { pytest_summary "$W/host_tests.log"; grep -h "plan" "$W/info.log"
     for f in "$W"/host_call_*.log; do echo "== $(basename "$f" .log)"
       grep -hoE "plan=[a-z-]+ \([^)]*\)" "$f" | sort -u
-      grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python)[/0-9A-Za-z]* (sync|async)" "$f"; done
+      grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python)[/0-9A-Za-z+]* (sync|async)" "$f"; done
     grep -hoE "Channel 00/0 : [0-9]+\[[0-9]+\] -> [0-9]+\[[0-9]+\] via [A-Za-z/]+" \
       "$W/host_call_loopback_25M.log" | sort -u | head -8
     for f in "$W"/host_ddp_*.log; do echo "== $(basename "$f" .log)"
@@ -363,7 +363,7 @@ native)
     -p no:cacheprovider -v -rs -s
   { pytest_summary "$W/native_tests.log" "$W/native_killed_2x1.log"; grep -h "issuer" "$W/info.log"
     for f in "$W"/host_*.log; do echo "== $(basename "$f" .log)"
-      grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python)[/0-9A-Za-z]* (sync|async)" "$f"; done
+      grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python)[/0-9A-Za-z+]* (sync|async)" "$f"; done
   } > "$W/summary_body.txt" ;;
 esac
 

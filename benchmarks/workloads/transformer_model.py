@@ -140,10 +140,16 @@ class MarkovSource:
     successors: torch.Tensor  # (n, k) int64
     probs: torch.Tensor  # (n, k) float64
 
+    def to(self, device: torch.device) -> MarkovSource:
+        return MarkovSource(self.successors.to(device), self.probs.to(device))
+
     def sample(self, batch: int, length: int, g: torch.Generator) -> torch.Tensor:
-        """``batch`` walks of ``length`` tokens from uniform first tokens, (batch, length)."""
-        walk = torch.empty(batch, length, dtype=torch.long)
-        walk[:, 0] = torch.randint(self.successors.shape[0], (batch,), generator=g)
+        """``batch`` walks of ``length`` tokens from uniform first tokens, (batch, length),
+        on the source's device (``g`` must be a generator of that device)."""
+        device = self.successors.device
+        walk = torch.empty(batch, length, dtype=torch.long, device=device)
+        walk[:, 0] = torch.randint(self.successors.shape[0], (batch,), generator=g,
+                                   device=device)
         for t in range(1, length):
             prev = walk[:, t - 1]
             pick = torch.multinomial(self.probs[prev], 1, generator=g).squeeze(1)
@@ -187,13 +193,15 @@ def entropy_floor(source: MarkovSource, seq: int) -> float:
 def make_batches(spec: TransformerSpec, steps: int, batch: int, seed: int, rank: int,
                  device: torch.device) -> list[Batch]:
     """Every step's (tokens, targets), each (batch, seq), of this rank, made before any
-    timing: walks of the Markov source."""
-    source = markov_source(spec.vocab)
-    g = torch.Generator().manual_seed(seed * 100_003 + 1 + rank)
+    timing: walks of the Markov source, drawn on ``device`` by its own generator (on the
+    host, ranks sharing its cores draw long runs slower than they train: the DLRM
+    batches' measurement, dlrm_model.make_batches)."""
+    source = markov_source(spec.vocab).to(device)
+    g = torch.Generator(device=device).manual_seed(seed * 100_003 + 1 + rank)
     batches = []
     for _ in range(steps):
         walk = source.sample(batch, spec.seq + 1, g)
-        batches.append((walk[:, :-1].to(device), walk[:, 1:].to(device)))
+        batches.append((walk[:, :-1], walk[:, 1:]))
     return batches
 
 

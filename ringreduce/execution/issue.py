@@ -70,9 +70,10 @@ class Issuer:
     @property
     def replays_one_slice(self) -> bool:
         """Whether the native issuer takes one-slice calls too: only where asked for by
-        ``issuer="native"``; by default they are issued from Python, as measured so
-        far. The native replay is traced and checked on the CPU but not yet run on a
-        GPU (docs/engineering.md, "Internal settings")."""
+        ``issuer="native"``; by default they are issued from Python. The replay ran
+        exact on the GPU sweep, but execute's one-slice branch below (the fix of a race
+        on the end-of-call check's buffers) has not run on a GPU yet
+        (docs/engineering.md, "The native issuer")."""
         return self.config.issuer == "native"
 
     def one_slice(self, t: torch.Tensor) -> bool:

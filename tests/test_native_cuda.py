@@ -261,7 +261,7 @@ def _replayed_and_new_calls_in_flight_together(comm: ringreduce.Communicator, ra
     issued on two streams they raced: 'ranks called different operations')."""
     jobs = []
     for i in range(24):
-        n = 300_001 if i % 2 else 300_001 + 2 * i  # a replayed kind, then a new one
+        n = 300_001 if i % 2 else 300_003 + 2 * i  # a replayed kind, then a new one
         t = rank_input(rank, n, torch.float32, dev, salt=i)
         jobs.append((t, comm.all_reduce(t, async_op=True), n, i))
     for t, fut, n, i in jobs:

@@ -51,11 +51,11 @@
 #            hook, then over loopback
 #   host     what a call costs the host (issue 36), on the faithful 2x2 capped (>= 2 GPUs):
 #            the GPU tests at 2x2 (test_gpu.py); benchmarks/native_host.py at 25 MiB and
-#            4 MiB: the default (probe-chosen plan, native issuer) against one slice (native
-#            and Python issuers), the pipeline and NCCL's own call, with a cProfile of
-#            the default; DDP with torch's
-#            NCCL allreduce_hook against ringreduce's hook (hook times per call): DLRM
-#            (25 MiB buckets) and the transformer (4 MiB buckets), NCCL's tree
+#            4 MiB: the probe-chosen plan under issuer native (one-slice calls replayed too)
+#            against one slice (native and Python issuers), the pipeline and NCCL's own
+#            call, with a cProfile of the first; DDP with torch's NCCL allreduce_hook
+#            against ringreduce's hook (HOST_DDP_FLAGS, default --issuer native; hook times
+#            per call): DLRM (25 MiB buckets) and the transformer (4 MiB buckets), NCCL's tree
 #   native   the native issuer (issue 18): benchmarks/native_host.py (host time, CPU and wall
 #            per 25 MiB call, native at several slice sizes vs Python issuer vs NCCL, same
 #            run) at 2x2 loopback and capped and 4x2 loopback under MPS;

@@ -108,11 +108,11 @@ DEFAULT_WAYS = ("native", "python")
 ``native/8M`` (another slice size), ``native/p2p`` (diffuse as a send and a receive
 per other machine, diffuse_gather=False), ``native/nocheck`` (without the
 end-of-call check, check_call_end=False), and the plan (plan/slicing.py):
-``<issuer>/auto`` (chosen by the construction probe, as by default: ``native/auto``
-is the default configuration), ``<issuer>/one`` (``plan="one-slice"``),
-``native/piped`` (``plan="pipelined"``); variants join with ``+``, e.g.
-``native/one+nocheck``. A way without a plan pins the pipeline, so its issuer is what
-it measures."""
+``<issuer>/auto`` (chosen by the construction probe, as by default; ``native/auto``
+also replays one-slice calls, which the default issuer leaves to Python),
+``<issuer>/one`` (``plan="one-slice"``), ``native/piped`` (``plan="pipelined"``);
+variants join with ``+``, e.g. ``native/one+nocheck``. A way without a plan pins the
+pipeline, so its issuer is what it measures."""
 
 PLANS = {"auto": None, "one": "one-slice"}
 """Ways whose plan is not the pipeline."""

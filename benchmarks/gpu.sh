@@ -50,12 +50,14 @@
 #            against NCCL fp32 under its default and its tree algorithm and torch's bf16
 #            hook, then over loopback
 #   host     what a call costs the host (issue 36), on the faithful 2x2 capped (>= 2 GPUs):
-#            the GPU tests at 2x2 (test_gpu.py); benchmarks/native_host.py at 25 MiB and
-#            4 MiB: the probe-chosen plan under issuer native (one-slice calls replayed too)
-#            against one slice (native and Python issuers), the pipeline and NCCL's own
-#            call, with a cProfile of the first; DDP with torch's NCCL allreduce_hook
-#            against ringreduce's hook (HOST_DDP_FLAGS, default --issuer native; hook times
-#            per call): DLRM (25 MiB buckets) and the transformer (4 MiB buckets), NCCL's tree
+#            the GPU tests at 2x2 (test_gpu.py, test_native_cuda.py, test_gpu_compressed.py);
+#            benchmarks/native_host.py at 25 MiB and 4 MiB: the probe-chosen plan (native
+#            issuer: replayed) against one slice (native and Python issuers), the pipeline,
+#            the compressed route (int8, native and Python) and NCCL's own call, with a
+#            cProfile (HOST_PROFILE); DDP with torch's NCCL allreduce_hook against
+#            ringreduce's hook (HOST_DDP_FLAGS; hook times per call): DLRM (25 MiB buckets)
+#            and the transformer (4 MiB buckets), NCCL's tree; DLRM with the int8 hook
+#            against torch's bf16 hook
 #   native   the native issuer (issue 18): benchmarks/native_host.py (host time, CPU and wall
 #            per 25 MiB call, native at several slice sizes vs Python issuer vs NCCL, same
 #            run) at 2x2 loopback and capped and 4x2 loopback under MPS;
@@ -314,12 +316,13 @@ host)
   F=(--machines 2 --gpus-per-machine 2 $CAP)
   step host_tests ${TESTS_S:-150} python3 benchmarks/emulate.py --mps-only -- \
     env RINGREDUCE_GPU_TOPOLOGIES=2x2 RR_MPS=1 python3 -m pytest -m gpu tests/test_gpu.py \
-    tests/test_native_cuda.py -k "${TESTS_K-not fault and not killed}" -p no:cacheprovider -v -rs
+    tests/test_native_cuda.py tests/test_gpu_compressed.py \
+    -k "${TESTS_K-not fault and not killed}" -p no:cacheprovider -v -rs
   for size in 25M 4M; do
     NCCL_SET_THREAD_NAME=1 step "host_call_$size" ${HOST_S:-80} $E_ALL "${F[@]}" \
       --script benchmarks/native_host.py -- --size $size --calls ${HOST_CALLS:-32} \
-      --ways ${HOST_WAYS:-native/auto,native/one,native/one+nocheck,python/one,native/piped} \
-      --profile "native/auto sync,native/auto async"
+      --ways ${HOST_WAYS:-native/auto,python/one,native/piped,native/auto+int8,python/auto+int8} \
+      --profile "${HOST_PROFILE:-native/auto async,native/auto+int8 async}"
   done
   # over loopback (no cap): where the rail is fast and the host's time shows; NCCL's
   # INFO lines say which transport carries the intra-machine stages here
@@ -328,12 +331,17 @@ host)
     --script benchmarks/native_host.py -- --size 25M --calls ${HOST_CALLS:-32} \
     --ways ${HOST_WAYS:-native/auto,native/one,python/one,native/piped}
   step host_ddp_dlrm ${DDP_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${F[@]}" \
-    --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook ${HOST_DDP_FLAGS---issuer native} \
+    --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook ${HOST_DDP_FLAGS:-} \
     --json "$W/host_ddp_dlrm.json"
   step host_ddp_transformer ${DDP_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${F[@]}" \
-    --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook ${HOST_DDP_FLAGS---issuer native} \
+    --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook ${HOST_DDP_FLAGS:-} \
     --model transformer \
     --layers 48 --bucket-mb 4 --steps 24 --warmup 4 --json "$W/host_ddp_transformer.json"
+  # the compressed route (int8, error feedback on: the hook's default) against torch's
+  # bf16 hook and its fp32 NCCL hook, each hook call timed on the autograd thread
+  step host_ddp_dlrm_int8 ${DDP_S:-110} env RINGREDUCE_WIRE=int8 NCCL_ALGO=allreduce:tree \
+    $E_ALL "${F[@]}" --script benchmarks/dlrm.py -- --modes nccl-hook,bf16-hook,hook \
+    --json "$W/host_ddp_dlrm_int8.json"
   { pytest_summary "$W/host_tests.log"; grep -h "plan" "$W/info.log"
     for f in "$W"/host_call_*.log; do echo "== $(basename "$f" .log)"
       grep -hoE "plan=[a-z-]+ \([^)]*\)" "$f" | sort -u

@@ -112,10 +112,14 @@ end-of-call check, check_call_end=False), and the plan (plan/slicing.py):
 also replays one-slice calls, which the default issuer leaves to Python),
 ``<issuer>/one`` (``plan="one-slice"``), ``native/piped`` (``plan="pipelined"``);
 variants join with ``+``, e.g. ``native/one+nocheck``. A way without a plan pins the
-pipeline, so its issuer is what it measures."""
+pipeline, so its issuer is what it measures. ``+int8`` (``+int4``): the
+compressed route with that wire, every call with error feedback (as DDP's hook);
+checked against NCCL to the format's precision, not bit for bit."""
 
 PLANS = {"auto": None, "one": "one-slice"}
 """Ways whose plan is not the pipeline."""
+WIRES = ("int8", "int4")
+"""Ways on the compressed route."""
 
 
 def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.Communicator]:
@@ -127,7 +131,9 @@ def build_comms(machines: int | None, ways: list[str]) -> dict[str, ringreduce.C
         sizes = [parse_size(v) for v in variants if v[:1].isdigit()]
         plans = [PLANS[v] for v in variants if v in PLANS]
         # issuer, check_call_end, diffuse_gather: Config's internal settings (config.py)
+        wires = [v for v in variants if v in WIRES]
         comms[way] = ringreduce.Communicator(machines=machines,
+                                             wire=wires[0] if wires else None,
                                              slice_bytes=sizes[0] if sizes else None,
                                              plan=plans[0] if plans else "pipelined",
                                              issuer=issuer,
@@ -153,6 +159,11 @@ def check_exact(comms: dict[str, ringreduce.Communicator], base: torch.Tensor,
             if fut is not None:
                 fut.wait()
             settle(device)
+            if comm.config.wire in WIRES:  # within a few of the format's steps: one
+                # rounding per machine's partial (collect) and one of the sum (diffuse)
+                step = reference.abs().max() / (7 if comm.config.wire == "int4" else 127)
+                assert (t - reference).abs().max() <= 4 * step, f"{name} async={async_op}"
+                continue
             assert torch.equal(t, reference), f"{name} async={async_op}: wrong result"
         say(f"# exact: {name} ({comm.describe()})", flush=True)
 
@@ -235,8 +246,10 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
         "nccl async": lambda: dist.all_reduce(next(ring), async_op=True),
     }
     for name, comm in comms.items():
-        ways[f"{name} sync"] = lambda c=comm: c.all_reduce(x)
-        ways[f"{name} async"] = lambda c=comm: c.all_reduce(next(ring), async_op=True)
+        key = "bench" if comm.config.wire in WIRES else None  # error feedback, as DDP's hook
+        ways[f"{name} sync"] = lambda c=comm, k=key: c.all_reduce(x, feedback=k)
+        ways[f"{name} async"] = lambda c=comm, k=key: c.all_reduce(next(ring), async_op=True,
+                                                                   feedback=k)
     rows = measure(ways, calls, device, say)
     profiles = profile_native(ways, calls, device, profile)
     settle(device)

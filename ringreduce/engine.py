@@ -33,6 +33,7 @@ from ringreduce.execution.issue import Issuer, untracked
 from ringreduce.execution.resources import Resources
 from ringreduce.plan import slicing
 from ringreduce.safety import agreement, checks
+from ringreduce.safety.flight import Record
 
 log = logging.getLogger("ringreduce")
 
@@ -104,7 +105,8 @@ class Communicator(Calls):
         hosts = agreement.meet(store, rank, world, self.config, host)
         self._res: Resources = build_resources(store, rank, world, device, self.config, hosts)
         self._issuer = Issuer(self._res, self.config)
-        self._feedback = compressed.Feedback()
+        native = self._res.native  # its programs point into the feedback memory let go
+        self._feedback = compressed.Feedback(None if native is None else native.forget_feedback)
         self._op_number = 0
         self._closed = False
         self._calls = threading.RLock()
@@ -152,21 +154,25 @@ class Communicator(Calls):
     def _compressed(self, t: torch.Tensor, op: str, async_op: bool, wire: str,
                     feedback: str | None) -> torch.futures.Future[torch.Tensor] | None:
         """An all_reduce on the compressed route (execution/compressed.py): unpipelined,
-        on the caller's stream, as reduce_scatter's route is. The wire format is part
-        of the call's fingerprint, so ranks that pass different ones fail the call
-        check instead of pairing mismatched messages."""
-        fmt, block, issuer, tt = quant.FORMATS[wire], self.config.wire_block, self._issuer, \
-            untracked(t)
-        topo = self._res.topo
+        on the last stage's stream (CUDA; replayed natively where it can be). The wire
+        format is part of the call's fingerprint, so ranks that pass different ones
+        fail the call check instead of pairing mismatched messages."""
+        block, issuer, tt, topo = self.config.wire_block, self._issuer, untracked(t), \
+            self._res.topo
         k = compressed.padded_row(t.numel(), topo.devices_per_machine, topo.machines, block)
 
-        def run(ctx: CallContext, stream: int | None) -> None:
+        def spec() -> compressed.Spec:
             errors = None if feedback is None else self._feedback.errors(
                 feedback, t.numel(), wire, topo.machines, k, t.device)
-            compressed.all_reduce(tt, op, fmt, block, errors, ctx, stream)
+            return compressed.Spec(wire, block, errors)
+
+        def on_cpu(rec: Record) -> None:
+            s = spec()
+            compressed.all_reduce(tt, op, s.format, block, s.errors, issuer.ctx(rec),
+                                  compressed.On(None, "", compressed.Scratch(t.device)))
         return self._call("all_reduce", t, f"{op} wire={wire}", async_op, t,
-                          lambda rec: issuer.inline(run, rec, async_op, tt, tt),
-                          lambda rec: run(issuer.ctx(rec), None), f"compressed {wire}")
+                          lambda rec: issuer.compressed(tt, op, spec(), async_op, rec),
+                          on_cpu, f"compressed {wire}")
 
     def reset_feedback(self, key: str | None = None) -> None:
         """Forget the error feedback kept under ``key`` (every key's when None), from

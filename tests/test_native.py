@@ -6,6 +6,7 @@ instructions; the CUDA instructions run in tests/test_native_cuda.py."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 import struct
@@ -23,7 +24,7 @@ import torch
 
 from ringreduce import info
 from ringreduce.config import Config
-from ringreduce.execution import call_check, kernels, native, recording
+from ringreduce.execution import call_check, compressed, kernels, native, one_slice, recording
 from ringreduce.execution.buffers import Buffers
 from ringreduce.execution.call_check import DeviceCallCheck
 from ringreduce.execution.kernels import Kernels
@@ -311,6 +312,7 @@ def _communicator_parts(rank: int, machines: int = 2,
     buffers = Buffers(topo, slot_bytes, slots, layout.PADDING_SLOTS, torch.device("cpu"))
     names = schedule.event_names(devices, slots, layout.PADDING_SLOTS)
     real = SimpleNamespace(handle=lambda stage: 100 + schedule.STAGES.index(stage),
+                           on=lambda stage: contextlib.nullcontext(),
                            events={n: SimpleNamespace(cuda_event=1000 + i)
                                    for i, n in enumerate(names)})
     return topo, buffers, real, slots
@@ -400,7 +402,7 @@ def _trace_one(numel: int, rank: int, op: str, machines: int = 2,
     rec = recording.Recorder(t.data_ptr(), numel * 4, stages)
     kernels = _real_kernels(rec)
     comms = {s: SimpleNamespace(_comm=7 + i) for i, s in enumerate((*schedule.STAGES, "world"))}
-    transport = recording.StagedTransport(rec, topo, comms, kernels,
+    transport = recording.StagedTransport(rec, one_slice.STAGE_OF_GROUP, topo, comms, kernels,
                                           calls=recording.RecordedNccl(rec))
     ctx = SimpleNamespace(topo=topo, kernels=kernels, record=None, op_number=1, divisors={},
                           sync=recording.RecordedStreams(real, rec), transport=transport,
@@ -454,6 +456,89 @@ def test_a_one_slice_call_traces_as_three_groups_on_the_flag_stream(op: str) -> 
     again, _ = _trace_one(numel, rank, op)  # a new tensor, elsewhere (t is alive)
     assert again.base != rec.base == t.data_ptr()
     assert bytes(again.code) == bytes(rec.code) and bytes(again.args) == bytes(rec.args)
+
+
+def _trace_compressed(numel: int, rank: int, op: str, feedback: bool, machines: int = 2,
+                      devices: int = 2) -> tuple[recording.Recorder, torch.Tensor, Any, list]:
+    """Trace one float32 compressed call (int8) as recording.trace does, with CPU
+    tensors: (recorder, tensor, spec, the work buffers kept)."""
+    topo, _, real, _ = _communicator_parts(rank, machines, devices)
+    t = torch.arange(numel, dtype=torch.float32)
+    stages = schedule.active_stages(devices)
+    rec = recording.Recorder(t.data_ptr(), numel * 4, stages)
+    kernels = _real_kernels(rec)
+    comms = {s: SimpleNamespace(_comm=7 + i) for i, s in enumerate((*schedule.STAGES, "world"))}
+    transport = recording.StagedTransport(rec, {}, topo, comms, kernels,
+                                          calls=recording.RecordedNccl(rec))
+    ctx = SimpleNamespace(topo=topo, kernels=kernels, record=None, op_number=1, divisors={},
+                          sync=recording.RecordedStreams(real, rec), transport=transport)
+    k = compressed.padded_row(numel, devices, machines, 256)
+    errors = compressed.Feedback().errors("b", numel, "int8", machines, k, t.device) \
+        if feedback else None
+    spec, keep = compressed.Spec("int8", 256, errors), []
+    recording.walk_compressed(t, op, ctx, stages, spec, keep)
+    rec.stage = len(stages) - 1
+    rec.emit("write_flag")
+    return rec, t, spec, keep
+
+
+@built
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "padded"])
+@pytest.mark.parametrize("op,feedback", [("avg", True), ("sum", False)])
+def test_a_compressed_call_traces_on_the_flag_stream_into_kept_buffers(exact, op,
+                                                                       feedback) -> None:
+    """The compressed route recorded for the native issuer: after the job's entry, on
+    the stream whose flag ends the job, the reduce-scatter inside the machine, the
+    quantize kernel, the rail exchange, the fused add-and-requantize, the diffuse
+    all-gather, the dequantize (AVG's division inside it), the all-gather; a padded
+    tensor is copied into a zeroed buffer first and out of the gathered one last.
+    Work buffers are the kept ones (absolute pointers), the tensor's relative; the
+    error feedback's memory is what the kernels point at; each group names its stage."""
+    devices, machines, rank = 2, 2, 1
+    numel = devices * machines * 256 * 3 if exact else devices * machines * 256 * 3 - 5
+    rec, _, spec, keep = _trace_compressed(numel, rank, op, feedback)
+    rec.program()  # validates
+    names = {code: name for name, code in _native.OPS.items()}
+    code = [struct.unpack("<9q", bytes(rec.code[i:i + 72])) for i in range(0, len(rec.code), 72)]
+    order = [names[c[0]] for c in code]
+    copy_in, copy_out = ([], []) if exact else (["memcpy"], ["memcpy"])
+    assert order == ["wait_event", *copy_in, "group_start", "reduce_scatter", "group_end",
+                     "launch", "group_start", "send", "recv", "group_end", "launch",
+                     "group_start", "all_gather", "group_end", "launch",
+                     "group_start", "all_gather", "group_end", *copy_out, "write_flag"], order
+    stages = schedule.active_stages(devices)
+    flag_stream = 100 + schedule.STAGES.index(stages[-1])
+    assert code[0][3:5] == (flag_stream, 0)
+    streams = {"reduce_scatter": 8, "all_gather": 8, "send": 8, "recv": 8, "memcpy": 6}
+    on = {c[streams[n]] for c, n in zip(code, order, strict=True) if n in streams}
+    assert on == {flag_stream}, on
+    want = {"reduce_scatter": "reduce_scatter", "send": "collect", "recv": "collect"}
+    for c, n in zip(code, order, strict=True):
+        if n in want:
+            assert c[1] == stages.index(want[n]), (n, c)
+    gathers = [c for c, n in zip(code, order, strict=True) if n == "all_gather"]
+    assert [g[1] for g in gathers] == [stages.index("diffuse"), stages.index("all_gather")]
+    rs, last = code[order.index("reduce_scatter")], gathers[-1]
+    # the reduce-scatter reads the tensor itself when exact (relative), else the kept
+    # zeroed copy; the last all-gather writes the tensor itself when exact
+    assert bool(rs[2] & 0b10) == exact and bool(last[2] & 0b100) == exact, (rs, last)
+    kept = {b.data_ptr() for b in keep}
+    assert rs[4] in kept or exact
+    assert all(b.count_nonzero() == 0 for b in keep)  # zeroed once: the padding stays 0
+    if not exact:  # t -> the padded buffer, the gathered buffer -> t (relative)
+        first, final = code[1], code[order.index("write_flag") - 1]
+        assert first[2] == 0b10 and first[4] == 0 and first[5] == numel * 4, first
+        assert final[2] == 0b01 and final[3] == 0 and final[5] == numel * 4, final
+    launches = [c for c, n in zip(code, order, strict=True) if n == "launch"]
+    pointers = [{v for size, v in (struct.unpack("<2q", bytes(rec.args[16 * j:16 * j + 16]))
+                                   for j in range(c[6], c[6] + c[7])) if size & 0xff == 8}
+                for c in launches]
+    errors = spec.errors
+    if feedback:  # quantize reads/writes the collect error, the add the diffuse error
+        assert errors.collect.data_ptr() in pointers[0]
+        assert errors.diffuse.data_ptr() in pointers[1]
+    assert all(b.data_ptr() not in kept for b in ((errors.collect, errors.diffuse)
+                                                 if feedback else ()))
 
 
 _GIL_AND_LOCK = """

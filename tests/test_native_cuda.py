@@ -297,3 +297,45 @@ def test_gpu_both_issuers_are_exact_on_the_sweep(machines: int, devices: int,
     run_test_ranks(_sweep_worker, machines * devices, issuer, plan, backend="nccl",
                    env=_env(machines, devices),
                    timeout=HANG_S + 60 * machines * devices)
+
+
+def _compressed_replay_worker(rank: int, world: int) -> None:
+    """The compressed route replayed (native) against issued from Python, call by
+    call on the same inputs and keys: bit-identical results and feedback, synchronous
+    and asynchronous, exact and padded sizes, across a reset and a size change."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with ringreduce.Communicator(min_bytes=0, wire="int8") as ours, \
+            ringreduce.Communicator(min_bytes=0, wire="int8", issuer="python") as python, \
+            _diagnosed(ours, rank):
+        assert ours._res.native is not None and python._res.native is None
+        topo = ours.topology
+        exact = topo.machines * topo.devices_per_machine * 256 * 1000
+        g = torch.Generator(device=dev).manual_seed(rank)
+        avg, sum_ = dist.ReduceOp.AVG, dist.ReduceOp.SUM
+        for numel, op, key in [(exact, avg, "b0"), (exact - 7, sum_, "b1"),
+                               (exact - 7, sum_, None), (exact + 11, avg, "b0")]:
+            for call in range(4):
+                if call == 2 and key is not None:  # every key starts over on both
+                    ours.reset_feedback(key)
+                    python.reset_feedback(key)
+                base = torch.randn(numel, device=dev, generator=g) * (call + 1)
+                a, b = base.clone(), base.clone()
+                fa = ours.all_reduce(a, op=op, async_op=call % 2 == 1, feedback=key)
+                python.all_reduce(b, op=op, feedback=key)
+                if fa is not None:
+                    assert fa.wait() is a
+                assert torch.equal(a, b), f"numel {numel} call {call}: replay != Python"
+                # a kind of call is traced at its second sight; a reset makes new
+                # feedback memory, a new kind
+                first = call == 0 or (call == 2 and key is not None)
+                route = ours._res.guard.recorder.last().route
+                assert route == ("compressed int8" if first else "compressed int8 (native)"), \
+                    (numel, call, route)
+        ours.wait_idle()
+        python.wait_idle()
+
+
+@pytest.mark.parametrize("machines,devices", TOPOLOGIES, ids=IDS)
+def test_gpu_compressed_replay_matches_python_call_by_call(machines: int, devices: int) -> None:
+    run_test_ranks(_compressed_replay_worker, machines * devices, backend="nccl",
+                   env=_env(machines, devices), timeout=HANG_S + 60 * machines * devices)

@@ -1,7 +1,8 @@
 """The compressed route: an all-reduce whose network hop carries block-quantized rows.
 
-Unpipelined, on the caller's stream, for a float32/bfloat16/float16 tensor of a SUM or
-AVG call; M machines x D devices, rank (m, d), P = numel padded up to D*M*block:
+Unpipelined, on one stream (CUDA: the last stage's, after the caller's), for a
+float32/bfloat16/float16 tensor of a SUM or AVG call; M machines x D devices, rank
+(m, d), P = numel padded up to D*M*block:
 
     x        = t as fp32, zero-padded to P, viewed (D, M, k)
     part     = sum over this machine's devices of x[d]         (M, k)  reduce-scatter
@@ -21,16 +22,21 @@ apart. Accumulation is fp32 throughout (16-bit tensors are widened before the
 intra-machine reduce-scatter). Why unpipelined: on NVLink machines the unpipelined
 two-level composition reached the same wire time as the 5-stage pipeline (issue
 tracker), and it keeps the route exact to reason about. Not done yet: pipelining it,
-the end-of-call check (Config.check_call_end) and the native issuer: it is issued from
-Python on the caller's stream, after a native issuer's queued calls
-(issue.Issuer.inline), like the block collectives.
+and the end-of-call check (Config.check_call_end).
+
+Issued two ways (issue.Issuer.compressed): replayed by the native issuer
+(recording.walk_compressed traces this walk once per kind of call, its work buffers
+made once and kept with the program: ``Scratch``), for float32 tensors on CUDA with
+the kernels; else from Python, buffers fresh per call. Both on the same stream, so
+calls sharing a key's error-feedback memory run in issue order.
 
 Compute, on CUDA with cupy: three fused kernels of native/quant.cu, one pass each,
 bit for bit the torch ops' results (``Codec``): quantize (with the collect error),
 add (the M dequantizations, their sum, the diffuse error and the requantization of
 ``reduced``, which is never stored) and the final dequantize (with AVG's division and
-the cast to t's dtype). With one device a machine and no padding they read ``t``
-itself (no fp32 copy). Elsewhere quant.py's torch ops, several passes each.
+the cast to t's dtype). Without padding they read and write ``t`` itself (no fp32
+copy in, the last all-gather or, with one device a machine, the dequantization
+straight into it). Elsewhere quant.py's torch ops, several passes each.
 
 Error feedback (opt-in per key, ``Feedback``): what quantization dropped from this
 rank's collect rows, and from the rows it owns in diffuse, is added before quantizing
@@ -41,6 +47,7 @@ GradScaler, must not poison every later step).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -90,7 +97,7 @@ def call_wire(config: Config, wire: str | None, feedback: str | None, t: torch.T
     return chosen if t.dtype in FLOATS and op in OPS else None
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: a traced program is keyed by the memory it holds
 class _Errors:
     """One key's error feedback: what the last call's quantization dropped."""
 
@@ -102,13 +109,30 @@ class _Errors:
     """(k,): the reduced row this rank owns minus what every rank received."""
 
 
+@dataclass(frozen=True)
+class Spec:
+    """What a compressed call's work depends on besides its tensor: the wire format,
+    the block and the error feedback's memory (by identity; None: no feedback). The
+    native issuer keys the programs it traces by it (native.NativeIssuer.program)."""
+
+    wire: str
+    block: int
+    errors: _Errors | None
+
+    @property
+    def format(self) -> Format:
+        return FORMATS[self.wire]
+
+
 class Feedback:
     """Error feedback of one Communicator, per key (a DDP bucket, a user's name). A key
     starts over when its tensor's size or wire format changes (DDP rebuilds its
-    buckets after the first step)."""
+    buckets after the first step). ``dropped`` hears of every key's memory let go
+    (the native issuer forgets the programs that point into it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dropped: Callable[[_Errors], None] | None = None) -> None:
         self._errors: dict[str, _Errors] = {}
+        self._dropped = dropped
 
     def errors(self, key: str, numel: int, wire: str, rows: int, k: int,
                device: torch.device) -> _Errors:
@@ -116,6 +140,8 @@ class Feedback:
         errors = self._errors.get(key)
         if errors is None or (errors.numel, errors.wire, errors.collect.shape) != \
                 (numel, wire, (rows, k)) or errors.collect.device != device:
+            if errors is not None:
+                self._drop(errors)
             errors = self._errors[key] = _Errors(
                 numel, wire, torch.zeros((rows, k), dtype=torch.float32, device=device),
                 torch.zeros(k, dtype=torch.float32, device=device))
@@ -123,21 +149,56 @@ class Feedback:
 
     def reset(self, key: str | None = None) -> None:
         """Forget ``key``'s errors (every key's when None)."""
-        if key is None:
-            self._errors.clear()
-        else:
-            self._errors.pop(key, None)
+        for name in list(self._errors) if key is None else [key]:
+            errors = self._errors.pop(name, None)
+            if errors is not None:
+                self._drop(errors)
+
+    def _drop(self, errors: _Errors) -> None:
+        if self._dropped is not None:
+            self._dropped(errors)
 
     def nbytes(self) -> int:
         """Memory held for error feedback, over every key."""
         return sum(e.collect.nbytes + e.diffuse.nbytes for e in self._errors.values())
 
 
+class Scratch:
+    """A call's work buffers: fresh per call (``keep`` None: issued from Python), or
+    made once for a kind of call and kept with its program (``keep``: the list the
+    native issuer's trace holds, recording.trace_compressed). Kept buffers are zeroed
+    once: the padding nobody writes stays zero for every replay."""
+
+    def __init__(self, device: torch.device, keep: list[torch.Tensor] | None = None) -> None:
+        self.device, self.keep = device, keep
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.keep is None:
+            return torch.empty(shape, dtype=dtype, device=self.device)
+        return self.zeros(shape, dtype)
+
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        t = torch.zeros(shape, dtype=dtype, device=self.device)
+        if self.keep is not None:
+            self.keep.append(t)
+        return t
+
+
+@dataclass
+class On:
+    """Where a call's work goes: ``stream`` (its raw handle; None on the CPU), named
+    ``stage`` for ctx.sync's copies (a recorded copy lands on that stage's stream),
+    its buffers from ``scratch``."""
+
+    stream: int | None
+    stage: str
+    scratch: Scratch
+
+
 def all_reduce(t: torch.Tensor, op: str, fmt: Format, block: int, errors: _Errors | None,
-               ctx: CallContext, stream: int | None) -> None:
-    """The route of the module docstring, in place on ``t`` (flat, contiguous); compute
-    on the current stream (native/quant.cu kernels on CUDA with cupy, else torch ops),
-    communication on ``stream`` (the same, on CUDA)."""
+               ctx: CallContext, on: On) -> None:
+    """The route of the module docstring, in place on ``t`` (flat, contiguous), every
+    kernel and collective on ``on.stream`` (current on CUDA: the torch ops' stream)."""
     n, topo = t.numel(), ctx.topo
     if n == 0:
         return
@@ -146,12 +207,12 @@ def all_reduce(t: torch.Tensor, op: str, fmt: Format, block: int, errors: _Error
     if errors is not None and t.is_cuda:  # kept across calls, maybe on other streams
         for kept in (errors.collect, errors.diffuse):
             kept.record_stream(torch.cuda.current_stream(t.device))
-    codec = Codec(fmt, block, ctx.kernels if t.is_cuda else None, t.device)
-    part = _machine_part(t, k, codec, ctx, stream)
-    got, mine = _collect(part, codec, errors, ctx, stream)
+    codec = Codec(fmt, block, ctx.kernels, t.device, on)  # None on the CPU
+    part = _machine_part(t, k, codec, ctx, on)
+    got, mine = _collect(part, codec, errors, ctx, on.stream)
     sent = _add(got, mine, codec, errors, ctx.topo.machine_index)
-    rows = _diffuse(sent, ctx, stream)
-    _gather_into(t, _unpack(rows, codec, op, t.dtype, ctx), ctx, stream)
+    rows = _diffuse(sent, ctx, on)
+    _unpack_into(t, rows, codec, op, ctx, on)
 
 
 def padded_row(n: int, devices: int, machines: int, block: int) -> int:
@@ -164,15 +225,19 @@ class Codec:
     """quantize/dequantize of one call: the fused kernels of native/quant.cu on CUDA
     when cupy is there (``kernels``), else quant.py's torch ops (the CPU; CUDA without
     cupy, logged at setup). The kernels produce the torch ops' bytes and values on CUDA
-    bit for bit (tests/test_gpu_quant_kernels.py), so either serves every rank alike."""
+    bit for bit (tests/test_gpu_quant_kernels.py), so either serves every rank alike.
+    Kernels launch on ``on.stream`` (default: the current stream), buffers come from
+    ``on.scratch`` (default: fresh)."""
 
-    def __init__(self, fmt: Format, block: int, kernels: Any, device: torch.device) -> None:
+    def __init__(self, fmt: Format, block: int, kernels: Any, device: torch.device,
+                 on: On | None = None) -> None:
         self.fmt, self.block, self.kernels = fmt, block, kernels
-        self.handle = 0 if kernels is None else torch.cuda.current_stream(device).cuda_stream
+        self.scratch = on.scratch if on is not None else Scratch(device)
+        self.handle = 0 if kernels is None else on.stream if on is not None and \
+            on.stream is not None else torch.cuda.current_stream(device).cuda_stream
 
     def packed(self, rows: int, k: int, device: torch.device) -> torch.Tensor:
-        return torch.empty((rows, self.fmt.row_bytes(k, self.block)), dtype=torch.uint8,
-                           device=device)
+        return self.scratch.empty((rows, self.fmt.row_bytes(k, self.block)), torch.uint8)
 
     def quantize(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None) -> None:
         """out = quantize(x + residual); residual = what that dropped (finite, or 0).
@@ -188,8 +253,13 @@ class Codec:
             _keep_error(torch.sub(x, residual, out=residual))
 
 
+def _exact(t: torch.Tensor, k: int, ctx: CallContext) -> bool:
+    """Whether ``t`` needs no padding: D*M rows of k, read and written in place."""
+    return t.numel() == ctx.topo.devices_per_machine * ctx.topo.machines * k
+
+
 def _machine_part(t: torch.Tensor, k: int, codec: Codec, ctx: CallContext,
-                  stream: int | None) -> torch.Tensor:
+                  on: On) -> torch.Tensor:
     """(M, k): this machine's sum of view[d], widened (fp32) before summing; with one
     device and no padding, ``t`` itself for the kernels (they read any float dtype and
     leave it unchanged)."""
@@ -198,16 +268,16 @@ def _machine_part(t: torch.Tensor, k: int, codec: Codec, ctx: CallContext,
     flat = t.view(-1)
     if devices == 1 and n == machines * k and codec.kernels is not None:
         return flat.view(machines, k)
-    if t.dtype == torch.float32 and n == devices * machines * k:
+    if t.dtype == torch.float32 and _exact(t, k, ctx):
         x = flat if devices > 1 else flat.clone()  # read-only below; D == 1 adds into it
     else:
-        x = torch.zeros(devices * machines * k, dtype=torch.float32, device=t.device)
-        x[:n].copy_(flat)
+        x = on.scratch.zeros((devices * machines * k,), torch.float32)
+        ctx.sync.copy(on.stage, x[:n], flat)  # widens a 16-bit tensor (from Python only)
     if devices == 1:
         return x.view(machines, k)
-    part = torch.empty((machines, k), dtype=torch.float32, device=t.device)
+    part = on.scratch.empty((machines, k), torch.float32)
     with stage_errors(ctx, "reduce_scatter", t):
-        ctx.transport.reduce_scatter_into("reduce_scatter", x, part, "sum", stream)
+        ctx.transport.reduce_scatter_into("reduce_scatter", x, part, "sum", on.stream)
     return part
 
 
@@ -218,7 +288,7 @@ def _collect(part: torch.Tensor, codec: Codec, errors: _Errors | None, ctx: Call
     m, (machines, k) = ctx.topo.machine_index, part.shape
     mine = codec.packed(machines, k, part.device)
     codec.quantize(part, mine, None if errors is None else errors.collect)
-    got = torch.empty_like(mine)
+    got = codec.packed(machines, k, part.device)
     others = [j for j in range(machines) if j != m]
     with stage_errors(ctx, "collect", part):
         ctx.transport.rail_exchange("collect", [mine[j] for j in others],
@@ -255,43 +325,53 @@ def _row_elements(packed: torch.Tensor, codec: Codec) -> int:
     return k
 
 
-def _diffuse(sent: torch.Tensor, ctx: CallContext, stream: int | None) -> torch.Tensor:
+def _diffuse(sent: torch.Tensor, ctx: CallContext, on: On) -> torch.Tensor:
     """(M, row bytes): every machine's reduced row as its owner sent it (ours included,
     so every rank dequantizes the same bytes)."""
-    machines = ctx.topo.machines
-    rows = torch.empty((machines, sent.shape[1]), dtype=torch.uint8, device=sent.device)
+    rows = on.scratch.empty((ctx.topo.machines, sent.shape[1]), torch.uint8)
     with stage_errors(ctx, "diffuse", sent):
-        ctx.transport.all_gather_into("diffuse", sent.view(-1), rows, stream)
+        ctx.transport.all_gather_into("diffuse", sent.view(-1), rows, on.stream)
     return rows
 
 
+def _unpack_into(t: torch.Tensor, rows: torch.Tensor, codec: Codec, op: str,
+                 ctx: CallContext, on: On) -> None:
+    """t = every device's rows dequantized (``_unpack``), in device order, cut to
+    numel. Without padding the last step writes ``t`` itself: the dequantization (one
+    device a machine) or the all-gather."""
+    devices, n, k = ctx.topo.devices_per_machine, t.numel(), _row_elements(rows, codec)
+    exact = _exact(t, k, ctx) and codec.kernels is not None
+    if devices == 1:
+        out = t.view(rows.shape[0], k) if exact else None
+        out = _unpack(rows, codec, op, t.dtype, ctx, out)
+        if not exact:
+            ctx.sync.copy(on.stage, t.view(-1), out.view(-1)[:n])
+        return
+    out = _unpack(rows, codec, op, t.dtype, ctx)
+    whole = t.view(devices, -1) if exact else \
+        on.scratch.empty((devices, out.numel()), out.dtype)
+    with stage_errors(ctx, "all_gather", t):
+        ctx.transport.all_gather_into("all_gather", out.view(-1), whole, on.stream)
+    if not exact:
+        ctx.sync.copy(on.stage, t.view(-1), whole.view(-1)[:n])
+
+
 def _unpack(rows: torch.Tensor, codec: Codec, op: str, dtype: torch.dtype,
-            ctx: CallContext) -> torch.Tensor:
-    """(M, k) in ``dtype``: the rows dequantized (fp32), / N for AVG, rounded once."""
+            ctx: CallContext, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(M, k) in ``dtype`` (into ``out`` when given: kernels only): the rows
+    dequantized (fp32), / N for AVG, rounded once."""
     k, world = _row_elements(rows, codec), ctx.topo.world_size
     if codec.kernels is not None:
-        out = torch.empty((rows.shape[0], k), dtype=dtype, device=rows.device)
+        if out is None:
+            out = codec.scratch.empty((rows.shape[0], k), dtype)
         codec.kernels.dequantize(rows, codec.fmt, codec.block, out,
                                  world if op == "avg" else 0, codec.handle)
         return out
-    out = torch.empty((rows.shape[0], k), dtype=torch.float32, device=rows.device)
-    dequantize(rows, codec.fmt, codec.block, out)
+    values = torch.empty((rows.shape[0], k), dtype=torch.float32, device=rows.device)
+    dequantize(rows, codec.fmt, codec.block, values)
     if op == "avg":
-        finish_average(out, world, ctx.divisors.get(torch.float32))
-    return out.to(dtype)
-
-
-def _gather_into(t: torch.Tensor, out: torch.Tensor, ctx: CallContext,
-                 stream: int | None) -> None:
-    """t = every device's ``out`` (M, k), in device order, cut to numel."""
-    devices, n = ctx.topo.devices_per_machine, t.numel()
-    if devices == 1:
-        t.view(-1).copy_(out.view(-1)[:n])
-        return
-    whole = torch.empty((devices, out.numel()), dtype=out.dtype, device=out.device)
-    with stage_errors(ctx, "all_gather", t):
-        ctx.transport.all_gather_into("all_gather", out.view(-1), whole, stream)
-    t.view(-1).copy_(whole.view(-1)[:n])
+        finish_average(values, world, ctx.divisors.get(torch.float32))
+    return values.to(dtype)
 
 
 def _keep_error(error: torch.Tensor) -> None:

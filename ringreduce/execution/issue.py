@@ -22,7 +22,7 @@ import torch
 
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
-from ringreduce.execution import one_slice
+from ringreduce.execution import compressed, one_slice
 from ringreduce.execution.context import CallContext
 from ringreduce.execution.memory_order import MemoryOrder
 from ringreduce.execution.pipeline import flat_here, run_waves
@@ -67,15 +67,6 @@ class Issuer:
         return (self.res.topo.machines == 1
                 or t.numel() * t.element_size() < self.config.min_bytes)
 
-    @property
-    def replays_one_slice(self) -> bool:
-        """Whether the native issuer takes one-slice calls too: only where asked for by
-        ``issuer="native"``; by default they are issued from Python. The replay ran
-        exact on the GPU sweep, but execute's one-slice branch below (the fix of a race
-        on the end-of-call check's buffers) has not run on a GPU yet
-        (docs/engineering.md, "The native issuer")."""
-        return self.config.issuer == "native"
-
     def one_slice(self, t: torch.Tensor) -> bool:
         """Whether a hierarchical all_reduce of ``t`` takes one slice (Resources.plan);
         a 16-bit wire for float32 is the pipeline's (its add narrows the rail rows)."""
@@ -108,30 +99,63 @@ class Issuer:
     def all_reduce(self, t: torch.Tensor, op: str, async_op: bool,
                    record: Record) -> tuple[Any, Ends]:
         """One all_reduce on CUDA: the native issuer when it takes the call (a
-        hierarchical call outside a capture; one-slice calls see replays_one_slice),
-        else from Python (in the caller's capture if any)."""
+        hierarchical call, either plan, outside a capture), else from Python (in the
+        caller's capture if any)."""
         capturing = torch.cuda.is_current_stream_capturing()
         native = self.res.native
         if native is not None:  # native.py; captures stay on this thread
             one = self.one_slice(t)
             program = None if capturing or not t.numel() or self.route_flat(t) \
-                or (one and not self.replays_one_slice) \
-                else native.program(t, op, lambda: self.ctx(record), one)
+                else native.program(t, op, lambda: self.ctx(record), ONE_SLICE if one else "")
             if program is not None:
                 record.why = self.res.plan.why
-                after = self.memory.after_pending(t, native_jobs=True)
-                fut, ends = native.issue(t, program, async_op, record, after,
-                                         ONE_SLICE if one else "")
-                if async_op:
-                    self.memory.pend(t, ends[0][1].seq)
-                return fut, ends
-        if not capturing:
+                return self._replay(t, program, async_op, record, ONE_SLICE if one else "")
+        return self._from_python(t, async_op, record,
+                                 lambda: self.execute(t, op, record, inline=not async_op))
+
+    def compressed(self, t: torch.Tensor, op: str, spec: compressed.Spec, async_op: bool,
+                   record: Record) -> tuple[Any, Ends]:
+        """One all_reduce on the compressed route on CUDA (compressed.py): replayed by
+        the native issuer where it takes the call (float32, the fused kernels, outside
+        a capture), else from Python; either way on the last stage's stream after the
+        caller's, so that calls sharing error-feedback memory run in one order."""
+        route = f"compressed {spec.wire}"
+        native = self.res.native
+        if native is not None and t.dtype == torch.float32 and self.res.kernels is not None \
+                and t.numel() and not torch.cuda.is_current_stream_capturing():
+            program = native.program(t, op, lambda: self.ctx(record), spec)
+            if program is not None:
+                return self._replay(t, program, async_op, record, route)
+        end = schedule.active_stages(self.res.topo.devices_per_machine)[-1]
+
+        def run() -> str:
+            ctx = self.ctx(record)
+            on = compressed.On(self.res.sync.handle(end), end, compressed.Scratch(t.device))
+            return self._on_stream(end, ctx, lambda: compressed.all_reduce(
+                t.view(-1), op, spec.format, spec.block, spec.errors, ctx, on))
+        return self._from_python(t, async_op, record, run)
+
+    def _replay(self, t: torch.Tensor, program: Any, async_op: bool, record: Record,
+                plan: str) -> tuple[Any, Ends]:
+        """A traced program issued by the native issuer, after earlier calls on ``t``."""
+        native = self.res.native
+        after = self.memory.after_pending(t, native_jobs=True)
+        fut, ends = native.issue(t, program, async_op, record, after, plan)
+        if async_op:
+            self.memory.pend(t, ends[0][1].seq)
+        return fut, ends
+
+    def _from_python(self, t: torch.Tensor, async_op: bool, record: Record,
+                     execute: Callable[[], str]) -> tuple[Any, Ends]:
+        """``execute()`` (returns the stream that ends the call, execute's way) issued
+        from this thread, after earlier calls on ``t``, in the caller's capture if
+        any."""
+        if not torch.cuda.is_current_stream_capturing():
             self.memory.after_pending(t)
-        if capturing:  # the caller's own CUDA graph
-            self.res.user_captures += 1  # closing waits for it (cuda_setup.finalize)
-            with self.res.sync.capturing():
-                return self._issue_now(t, op, async_op, record)
-        return self._issue_now(t, op, async_op, record)
+            return self._issue_now(t, async_op, record, execute)
+        self.res.user_captures += 1  # closing waits for it (cuda_setup.finalize)
+        with self.res.sync.capturing():
+            return self._issue_now(t, async_op, record, execute)
 
     def inline(self, run: Callable[[CallContext, int], None], record: Record,
                async_op: bool, result: torch.Tensor, *reads: torch.Tensor) -> tuple[Any, Ends]:
@@ -162,7 +186,7 @@ class Issuer:
         record.why = res.plan.why
         if self.one_slice(t):
             record.route = ONE_SLICE
-            if res.native is not None and self.replays_one_slice:
+            if res.native is not None:
                 # on the replays' stream: one-slice calls share the end-of-call check's
                 # buffers, so they must all run on one stream (call_check.py)
                 end = schedule.active_stages(res.topo.devices_per_machine)[-1]
@@ -185,23 +209,29 @@ class Issuer:
         """A call issued as a few collectives on one stream (the flat route, one
         slice): the caller's when ``inline`` (synchronous calls, like
         ``dist.all_reduce``: events and a stream switch would cost a third of the
-        host time), else ``stream`` (a stage's or the flat one) after the entry event,
-        recording the done event a synchronous call's caller waits for."""
+        host time), else ``stream`` (_on_stream)."""
         if inline:
             run(t.view(-1), op, ctx, self.res.sync.caller().cuda_stream if self.res.is_cuda
                 else None)
             return ""
+        return self._on_stream(stream, ctx,
+                               lambda: run(t.view(-1), op, ctx, ctx.sync.handle(stream)))
+
+    def _on_stream(self, stream: str, ctx: CallContext, run: Callable[[], None]) -> str:
+        """``run()`` with ``stream`` (a stage's or the flat one) current, after the
+        caller's stream (the entry event); a stage's records the done event a
+        synchronous call's caller waits for. Returns ``stream``."""
         self.res.sync.enter()
         ctx.sync.wait(stream, [ENTRY])
         with ctx.sync.on(stream):
-            run(t.view(-1), op, ctx, ctx.sync.handle(stream))
+            run()
         if stream != FLAT:  # calls on the flat stream here are asynchronous: no leave()
             ctx.sync.record(stream, [DONE])
         return stream
 
-    def _issue_now(self, t: torch.Tensor, op: str, async_op: bool,
-                   record: Record) -> tuple[Any, Ends]:
-        last = self.execute(t, op, record, inline=not async_op)
+    def _issue_now(self, t: torch.Tensor, async_op: bool, record: Record,
+                   execute: Callable[[], str]) -> tuple[Any, Ends]:
+        last = execute()
         sync = self.res.sync
         ends = _stage_ends(last, self.res.topo.devices_per_machine, record.route)
         if not async_op:
@@ -215,8 +245,7 @@ class Issuer:
         if not torch.cuda.is_current_stream_capturing():
             self.memory.pend(t, last)
         sync.adopt(t, (*schedule.STAGES, FLAT))
-        with sync.on(last):  # the Future records an event on the last stage's stream
-            fut.set_result(t)
+        sync.complete(last, fut, t)  # its event on the last stage's stream
         return fut, ends
 
     def _watch(self, record: Record, ends: Ends) -> None:
@@ -239,8 +268,8 @@ class Issuer:
             event = torch.cuda.Event()
             event.record(res.sync.caller() if stream == CALLER
                          else res.sync.streams[stream])
-            # a one-slice call on a stage's stream still has every rank as its peers
-            done.append((label, event, self._peers(label if label == ONE_SLICE else stream)))
+            # a call on one stream (one slice, compressed) has every rank as its peers
+            done.append((label, event, self._peers(label)))
         res.watchdog.watch(record.op_number, f"{record.kind} of {record.numel} x {record.dtype}",
                            done)
 
@@ -291,14 +320,12 @@ def untracked(t: torch.Tensor) -> torch.Tensor:
 def _stage_ends(last: str, devices: int, route: str) -> Ends:
     """(stage, stream) pairs whose completion means an all_reduce finished: every
     active stage for the pipeline (in order, so the watchdog names the first stuck
-    one), else the flat or one-slice call's one stream: the flat stream or the
-    caller's."""
-    label = ONE_SLICE if route == ONE_SLICE else FLAT
-    if not last:
-        return [(label, CALLER)]
-    if last == FLAT or route == ONE_SLICE:
-        return [(label, last)]
-    return [(s, s) for s in schedule.active_stages(devices)]
+    one), else the one stream of a call issued on one (flat, one slice, compressed:
+    the flat stream, a stage's or the caller's), labelled with its route."""
+    if route == "hierarchical":
+        return [(s, s) for s in schedule.active_stages(devices)]
+    label = route if route == ONE_SLICE or route.startswith("compressed") else FLAT
+    return [(label, last or CALLER)]
 
 
 def as_torch_future(job: concurrent.futures.Future[Any],

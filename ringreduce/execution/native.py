@@ -41,8 +41,9 @@ from typing import Any
 import torch
 
 from ringreduce.errors import RingReduceError, stage_error
-from ringreduce.execution import recording
+from ringreduce.execution import compressed, recording
 from ringreduce.execution.recording import extension
+from ringreduce.execution.streams import complete_on
 from ringreduce.plan import schedule
 from ringreduce.safety.flight import Record
 
@@ -159,7 +160,8 @@ class NativeIssuer:
         self._done_handle = self.done.cuda_stream
         self._index = res.device.index
         self._raw_stream = _raw_stream_lookup()
-        self._programs: dict[tuple[Any, ...], Any] = {}
+        self._programs: dict[tuple[Any, ...], tuple[Any, list[torch.Tensor]]] = {}
+        """Traced programs by kind of call, each with the work buffers it points into."""
         self._warm: set[tuple[Any, ...]] = set()
         """Kinds of call (size, dtype, op, alignment) the Python issuer ran once."""
 
@@ -172,27 +174,38 @@ class NativeIssuer:
         return f"streams busy: {', '.join(busy) or 'none'}"
 
     def program(self, t: torch.Tensor, op: str, make_ctx: Callable[[], Any],
-                one: bool = False) -> Any:
-        """The program of this kind of call (size, dtype, op, alignment; ``one``: on the
-        one-slice plan, which the Communicator fixes for a dtype), traced at its
-        second sight; None at its first, which goes through the Python issuer on the
-        caller's thread, so that everything done once happens there while no stream
-        waits on a flag: NCCL connecting peers and loading kernels, cupy kernels
-        loading. CUDA loads a kernel lazily at its first launch, and loading may
-        synchronise the context: with the caller's stream already waiting for a job's
-        flag, first calls issued by native-async's worker thread hung (seen on H200)."""
-        key = (t.numel(), t.dtype, op, t.data_ptr() & 15)
-        program = self._programs.get(key)
-        if program is not None:
-            return program
+                route: str | compressed.Spec = "") -> Any:
+        """The program of this kind of call (size, dtype, op, alignment and ``route``:
+        "" the pipeline, ONE_SLICE the one-slice plan, which the Communicator fixes for
+        a dtype, a compressed.Spec the compressed route), traced at its second sight;
+        None at its first, which goes through the Python issuer on the caller's
+        thread, so that everything done once happens there while no stream waits on a
+        flag: NCCL connecting peers and loading kernels, cupy kernels loading. CUDA
+        loads a kernel lazily at its first launch, and loading may synchronise the
+        context: with the caller's stream already waiting for a job's flag, first calls
+        issued by native-async's worker thread hung (seen on H200)."""
+        key = (t.numel(), t.dtype, op, t.data_ptr() & 15, route)
+        kept = self._programs.get(key)
+        if kept is not None:
+            return kept[0]
         if key not in self._warm:
             self._warm.add(key)
             return None
         if len(self._programs) >= _PROGRAMS:
             del self._programs[next(iter(self._programs))]  # the oldest traced
-        program = self._programs[key] = recording.trace(self.res, self.wire, self.stages, t,
-                                                        op, make_ctx(), one)
+        keep: list[torch.Tensor] = []  # a compressed program's work buffers
+        program = recording.trace(self.res, self.wire, self.stages, t, op, make_ctx(), route,
+                                  keep)
+        self._programs[key] = (program, keep)
         return program
+
+    def forget_feedback(self, errors: Any) -> None:
+        """Drop the programs that point into ``errors`` (compressed._Errors), memory
+        that error feedback let go (``reset_feedback``, a key's size changed): the
+        next call of their kind makes new memory and is traced again."""
+        for key in [k for k in self._programs
+                    if isinstance(k[-1], compressed.Spec) and k[-1].errors is errors]:
+            del self._programs[key]
 
     def issue(self, t: torch.Tensor, program: Any, async_op: bool, record: Record,
               after: int = 0, plan: str = "") -> tuple[Any, list[tuple[str, Any]]]:
@@ -208,8 +221,9 @@ class NativeIssuer:
         seq = self.worker.run(program, t.data_ptr(), caller, after)  # issued on return
         self._raise_if_refused(seq, record)
         # One end: the device does not say which stage is stuck, so the watchdog names
-        # the first (with its peers), and polls one completion rather than one per stage.
-        ends = [(self.stages[0], Completion(self, seq))]
+        # the first (with its peers; a plan on one stream: every rank), and polls one
+        # completion rather than one per stage.
+        ends = [(plan or self.stages[0], Completion(self, seq))]
         if not async_op:
             self.worker.stream_wait(caller, seq)
             return None, ends
@@ -229,8 +243,7 @@ class NativeIssuer:
         """Complete ``fut`` on the done stream after it waited for issued job ``seq``, so
         ``wait()`` orders the waiter's stream after the result, not after the caller's."""
         self.worker.stream_wait(self._done_handle, seq)
-        with torch.cuda.stream(self.done):  # the Future records its event after the wait
-            fut.set_result(t)
+        complete_on(self.done, fut, t)  # the Future records its event after the wait
 
     def failure_text(self, record: Record | None = None) -> str:
         """The issuer's first failure, naming its stage and peers, and ``record``'s

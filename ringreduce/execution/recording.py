@@ -31,11 +31,12 @@ import numpy as np
 import torch
 
 from ringreduce.errors import RingReduceError
-from ringreduce.execution import nccl, one_slice
+from ringreduce.execution import compressed, nccl, one_slice
 from ringreduce.execution.pipeline import run_waves
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import schedule
 from ringreduce.plan.schedule import ENTRY
+from ringreduce.plan.slicing import ONE_SLICE
 
 if TYPE_CHECKING:
     from ringreduce.execution.context import CallContext
@@ -182,22 +183,25 @@ class RecordedStreams:
         return contextlib.nullcontext()
 
     def copy(self, stage: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+        assert dst.dtype == src.dtype and dst.numel() == src.numel(), (dst.shape, src.shape)
         self.rec.emit("memcpy", dst.data_ptr(), src.data_ptr(), dst.numel() * dst.element_size(),
                       self.handle(stage), pointers=(0, 1))
 
 
 
 class StagedTransport(NcclTransport):
-    """A one-slice call runs on one stream, so what names its failures is the group:
-    each group sets the recorder's stage (one_slice.STAGE_OF_GROUP)."""
+    """A call walked on one stream (one slice, compressed) is named after the group
+    that failed: each group sets the recorder's stage, mapped by ``stage_of_group``
+    where a group's first communicator is not a stage's own (one_slice.STAGE_OF_GROUP)."""
 
-    def __init__(self, rec: Recorder, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, rec: Recorder, stage_of_group: dict[str, str], *args: Any,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.rec = rec
+        self.rec, self.stage_of_group = rec, stage_of_group
 
     def group(self, stages: Sequence[str]) -> contextlib.AbstractContextManager[None]:
         if stages:
-            stage = one_slice.STAGE_OF_GROUP.get(stages[0], stages[0])
+            stage = self.stage_of_group.get(stages[0], stages[0])
             if stage in self.rec.stages:
                 self.rec.stage = self.rec.stages.index(stage)
         return super().group(stages)
@@ -212,10 +216,30 @@ def walk_one_slice(t: torch.Tensor, op: str, ctx: CallContext, stages: Sequence[
     one_slice.run(t.view(-1), op, ctx, stream)
 
 
+def walk_compressed(t: torch.Tensor, op: str, ctx: CallContext, stages: Sequence[str],
+                    spec: compressed.Spec, keep: list[torch.Tensor]) -> None:
+    """A compressed call against recording collaborators, on the last stage's stream
+    as walk_one_slice's. Its work buffers are made here, once, on that stream (the
+    caching allocator's order for them is the replays'), into ``keep``, which the
+    native issuer holds beside the program; the copies into and out of them become
+    memcpy instructions, so the tensor must be float32 (a widening copy is a torch
+    op: 16-bit tensors take the route from Python)."""
+    if t.dtype != torch.float32:
+        raise ValueError(f"the compressed route replays float32 tensors only, not {t.dtype}")
+    end = stages[-1]
+    stream = ctx.sync.handle(end)
+    ctx.sync.wait(end, [ENTRY])
+    with ctx.sync.real.on(end):  # the buffers are made on the stream that uses them
+        on = compressed.On(stream, end, compressed.Scratch(t.device, keep))
+        compressed.all_reduce(t.view(-1), op, spec.format, spec.block, spec.errors, ctx, on)
+
+
 def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Tensor,
-          op: str, ctx: CallContext, one: bool = False) -> Any:
-    """The program of this call: the plan walked against recording collaborators
-    (``one``: the one-slice plan); nothing is issued."""
+          op: str, ctx: CallContext, route: str | compressed.Spec = "",
+          keep: list[torch.Tensor] | None = None) -> Any:
+    """The program of this call: its plan walked against recording collaborators
+    (``route``: "" the pipeline, ONE_SLICE, or a compressed.Spec, whose work buffers
+    go into ``keep``); nothing is issued."""
     topo = res.topo
     rec = Recorder(t.data_ptr(), t.numel() * t.element_size(), stages)
     kernels = copy.copy(res.kernels)
@@ -224,9 +248,13 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
     ctx.sync = RecordedStreams(res.sync, rec)
     transport = res.transport
     calls, comms = RecordedNccl(rec), transport.comms
-    if one:
-        ctx.transport = StagedTransport(rec, topo, comms, kernels, calls=calls,
+    if isinstance(route, compressed.Spec):
+        ctx.transport = StagedTransport(rec, {}, topo, comms, kernels, calls=calls,
                                         gathers=transport.gathers)
+        walk_compressed(t, op, ctx, stages, route, [] if keep is None else keep)
+    elif route == ONE_SLICE:
+        ctx.transport = StagedTransport(rec, one_slice.STAGE_OF_GROUP, topo, comms, kernels,
+                                        calls=calls, gathers=transport.gathers)
         walk_one_slice(t, op, ctx, stages)
     else:
         ctx.wire = wire if t.dtype == torch.float32 else None

@@ -96,6 +96,11 @@ class CudaStreams:
     def on(self, stage: str) -> contextlib.AbstractContextManager[Any]:
         return torch.cuda.stream(self.streams[stage])
 
+    def complete(self, stage: str, fut: torch.futures.Future[torch.Tensor],
+                 value: torch.Tensor) -> None:
+        """``fut.set_result(value)`` with ``stage``'s stream current (complete_on)."""
+        complete_on(self.streams[stage], fut, value)
+
     def enter(self) -> None:
         self._to_record(ENTRY).record(self.caller())
 
@@ -117,6 +122,27 @@ class CudaStreams:
     def synchronize(self) -> None:
         for s in self.streams.values():
             s.synchronize()
+
+
+def complete_on(stream: torch.cuda.Stream, fut: torch.futures.Future[torch.Tensor],
+                value: torch.Tensor) -> None:
+    """``fut.set_result(value)`` with ``stream`` current, so a CUDA-aware Future records
+    its event there, then the caller's stream and device current again. torch's raw
+    setters, not ``torch.cuda.stream()``: that context looks the current device up
+    twice per use (availability checks that read os.environ), a sizeable share of an
+    asynchronous call's host time (results 2026-11-27-h100x2-native-one-slice, run 3)."""
+    index = stream.device_index
+    device = torch._C._cuda_getDevice()
+    caller = torch._C._cuda_getCurrentStream(index)  # (stream id, device index, type)
+    torch._C._cuda_setStream(stream_id=stream.stream_id, device_index=index,
+                             device_type=stream.device_type)
+    try:
+        fut.set_result(value)
+    finally:
+        torch._C._cuda_setStream(stream_id=caller[0], device_index=caller[1],
+                                 device_type=caller[2])
+        if device != index:  # setStream made the stream's device current
+            torch._C._cuda_setDevice(device)
 
 
 class HostOrder:

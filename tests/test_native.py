@@ -393,20 +393,28 @@ def test_a_traced_call_is_the_plans_operations_and_independent_of_the_tensors_ad
     assert bytes(other.code) != bytes(rec.code)
 
 
-def _trace_one(numel: int, rank: int, op: str, machines: int = 2,
-               devices: int = 2) -> tuple[recording.Recorder, torch.Tensor]:
-    """Trace one float32 one-slice call as recording.trace does, with CPU tensors."""
+def _one_stream_context(numel: int, rank: int, machines: int, devices: int,
+                        stage_of_group: dict[str, str]) -> tuple[Any, torch.Tensor, Any]:
+    """(recorder, tensor, context) for tracing a call walked on one stream (one slice,
+    compressed), with the real kernels' arguments and CPU tensors."""
     topo, _, real, _ = _communicator_parts(rank, machines, devices)
     t = torch.arange(numel, dtype=torch.float32)
-    stages = schedule.active_stages(devices)
-    rec = recording.Recorder(t.data_ptr(), numel * 4, stages)
+    rec = recording.Recorder(t.data_ptr(), numel * 4, schedule.active_stages(devices))
     kernels = _real_kernels(rec)
     comms = {s: SimpleNamespace(_comm=7 + i) for i, s in enumerate((*schedule.STAGES, "world"))}
-    transport = recording.StagedTransport(rec, one_slice.STAGE_OF_GROUP, topo, comms, kernels,
+    transport = recording.StagedTransport(rec, stage_of_group, topo, comms, kernels,
                                           calls=recording.RecordedNccl(rec))
     ctx = SimpleNamespace(topo=topo, kernels=kernels, record=None, op_number=1, divisors={},
                           sync=recording.RecordedStreams(real, rec), transport=transport,
                           check=_call_check(rank, machines, devices))
+    return rec, t, ctx
+
+
+def _trace_one(numel: int, rank: int, op: str, machines: int = 2,
+               devices: int = 2) -> tuple[recording.Recorder, torch.Tensor]:
+    """Trace one float32 one-slice call as recording.trace does, with CPU tensors."""
+    rec, t, ctx = _one_stream_context(numel, rank, machines, devices, one_slice.STAGE_OF_GROUP)
+    stages = schedule.active_stages(devices)
     recording.walk_one_slice(t, op, ctx, stages)
     rec.stage = len(stages) - 1
     rec.emit("write_flag")
@@ -462,16 +470,9 @@ def _trace_compressed(numel: int, rank: int, op: str, feedback: bool, machines: 
                       devices: int = 2) -> tuple[recording.Recorder, torch.Tensor, Any, list]:
     """Trace one float32 compressed call (int8) as recording.trace does, with CPU
     tensors: (recorder, tensor, spec, the work buffers kept)."""
-    topo, _, real, _ = _communicator_parts(rank, machines, devices)
-    t = torch.arange(numel, dtype=torch.float32)
+    rec, t, ctx = _one_stream_context(numel, rank, machines, devices, {})
+    ctx.check = None  # the compressed route has no end-of-call check
     stages = schedule.active_stages(devices)
-    rec = recording.Recorder(t.data_ptr(), numel * 4, stages)
-    kernels = _real_kernels(rec)
-    comms = {s: SimpleNamespace(_comm=7 + i) for i, s in enumerate((*schedule.STAGES, "world"))}
-    transport = recording.StagedTransport(rec, {}, topo, comms, kernels,
-                                          calls=recording.RecordedNccl(rec))
-    ctx = SimpleNamespace(topo=topo, kernels=kernels, record=None, op_number=1, divisors={},
-                          sync=recording.RecordedStreams(real, rec), transport=transport)
     k = compressed.padded_row(numel, devices, machines, 256)
     errors = compressed.Feedback().errors("b", numel, "int8", machines, k, t.device) \
         if feedback else None

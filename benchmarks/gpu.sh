@@ -31,9 +31,10 @@
 #            buckets a step) NCCL vs hook at 2x2; DLRM at 4x2 if time is left
 #   train    DDP for TRAIN_STEPS (1000) steps, DLRM-style (--rows TRAIN_ROWS, 31250), on the
 #            faithful 2x2 capped under NCCL's tree (its best at two machines), against
-#            one loss target (TRAIN_TARGET): one process set per TRAIN_SETS entry,
-#            "name:wire:modes[:seed:seeds[:topology]]" (the wire reaches the hook as
-#            RINGREDUCE_WIRE; the topology MxD, default 2x2);
+#            one loss target (TRAIN_TARGET; default: dlrm.py's): one process set per
+#            TRAIN_SETS entry, "name:wire:modes[:seed:seeds[:topology[:rows[:steps]]]]"
+#            (the wire reaches the hook as RINGREDUCE_WIRE, empty: none, the hook-<wire>
+#            modes carry their own; the topology MxD, default 2x2);
 #            15 s before a set's limit every rank prints its threads' stacks (kill -USR1),
 #            so a set that does not end says where it stood
 #   fsdp     FSDP2 training of the transformer (issue 38, benchmarks/fsdp.py) on the faithful
@@ -247,11 +248,11 @@ dlrm)
     --json "$W/dlrm_4x2.json" ${PLOT[@]+"${PLOT[@]}" "$W/dlrm_4x2.png"}
   grep -hvE "Warning|warn|^W1|^\[rank|^\s*$|socket.cpp|^###" "$W"/dlrm_*.log "$W"/transformer_*.log | tail -40 > "$W/summary_body.txt" ;;
 train)
-  A=(--rows ${TRAIN_ROWS:-31250} --steps ${TRAIN_STEPS:-1000} --warmup 20
-     --target-loss ${TRAIN_TARGET:-0.6342})
   for spec in ${TRAIN_SETS:-int8:int8:nccl,hook bf16:int8:bf16-hook,powersgd seeds:int8:nccl:1:2}; do
-    IFS=: read -r name wire modes seed seeds topo <<< "$spec"
+    IFS=: read -r name wire modes seed seeds topo rows steps <<< "$spec"
     topo=${topo:-2x2}; limit=${TRAIN_S:-150}
+    A=(--rows "${rows:-${TRAIN_ROWS:-31250}}" --steps "${steps:-${TRAIN_STEPS:-1000}}" --warmup 20)
+    [ -n "${TRAIN_TARGET:-}" ] && A+=(--target-loss "$TRAIN_TARGET")
     ( sleep $((limit - 15)); pkill -USR1 -f "python[0-9.]* /\S*benchmarks/dlrm.py" ) &
     dumper=$!
     step "train_$name" "$limit" env RINGREDUCE_WIRE="$wire" NCCL_ALGO=allreduce:tree $E_ALL \

@@ -123,13 +123,13 @@ def test_hook_modes_time_every_hook_call_of_the_timed_steps() -> None:
 
 def test_dlrm_command_line_runs() -> None:
     """`python benchmarks/dlrm.py --device cpu ...`: spawns 4 ranks, runs the three
-    modes (the default group on the ringreduce backend) and torch's bf16 hook, nccl at a
-    second seed, prints the table with the floor, the target and nccl's spread over the
-    seeds, writes them to the JSON."""
+    modes (the default group on the ringreduce backend), torch's bf16 hook and the hook
+    with its own wire (hook-int8), nccl at a second seed, prints the table with the
+    floor, the target and nccl's spread over the seeds, writes them to the JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "dlrm.json"
         cmd = [sys.executable, "benchmarks/dlrm.py", "--device", "cpu",
-               "--modes", "nccl,hook,backend,bf16-hook", "--tables", "3", "--rows", "50",
+               "--modes", "nccl,hook,backend,bf16-hook,hook-int8", "--tables", "3", "--rows", "50",
                "--dim", "8", "--batch", "32", "--steps", "8", "--warmup", "1", "--lr", "0.01",
                "--min-bytes", "0", "--seeds", "2", "--json", str(out)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
@@ -141,10 +141,12 @@ def test_dlrm_command_line_runs() -> None:
     assert report["meta"]["world_size"] == 4
     runs = report["runs"]
     assert [(r["mode"], r["seed"]) for r in runs] == [
-        ("nccl", 0), ("hook", 0), ("backend", 0), ("bf16-hook", 0), ("nccl", 1)]
+        ("nccl", 0), ("hook", 0), ("backend", 0), ("bf16-hook", 0), ("hook-int8", 0),
+        ("nccl", 1)]
+    assert "wire=int8" in runs[4]["engine"] and "wire=int8" not in runs[1]["engine"]
     check_runs(runs, 8)
     spread = report["seed_spread"]
-    finals = [runs[0]["final_loss"], runs[4]["final_loss"]]
+    finals = [runs[0]["final_loss"], runs[5]["final_loss"]]
     assert spread["seeds"] == [0, 1] and spread["final_loss"] == finals, spread
     assert spread["final_loss_spread"] == pytest.approx(abs(finals[0] - finals[1])), spread
     assert 0 < report["meta"]["floor"] < report["meta"]["target_loss"] < runs[0]["losses"][0]

@@ -139,7 +139,7 @@ def train_mode(mode: str, opts: Options, seed: int, work: Workload, batches: lis
             (comm.op_number - calls_before, comm.op_number - calls_timed, comm.describe())
             if comm else (0, 0, ""))
     finally:
-        if comm is not None and mode == "hook":
+        if comm is not None and mode != "backend":  # the backend's engine is the group's
             comm.close()
     world = dist.get_world_size(groups.plain)
     dist.all_reduce(losses, group=groups.plain)  # SUM, then divide: gloo has no AVG

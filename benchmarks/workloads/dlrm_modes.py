@@ -31,7 +31,10 @@ TORCH_HOOKS: dict[str, Callable[[dist.ProcessGroup, dist.GradBucket], Any]] = {
     "fp16-hook": default_hooks.fp16_compress_hook,
 }
 """torch's stateless hooks, each on the plain group."""
-EXTRA_MODES = (*TORCH_HOOKS, "powersgd")
+WIRE_HOOKS = {f"hook-{wire}": wire for wire in ("int8", "fp8", "int4", "bf16")}
+"""ringreduce's hook with that wire (Communicator(wire=...)), so that formats compare
+within one process set; plain ``hook`` takes RINGREDUCE_WIRE (the default: none)."""
+EXTRA_MODES = (*TORCH_HOOKS, "powersgd", *WIRE_HOOKS)
 """Accepted, run only when asked for."""
 
 
@@ -111,7 +114,7 @@ def make_groups(device: torch.device) -> Groups:
 def register_hook(ddp: DDP, mode: str, opts: Options, plain: dist.ProcessGroup,
                   comm: ringreduce.Communicator | None, clock: HookClock) -> None:
     """The mode's comm hook, timed by ``clock``; nccl and backend have none."""
-    if mode == "hook":
+    if mode == "hook" or mode in WIRE_HOOKS:
         ddp.register_comm_hook(comm, clock.wrap(ringreduce.ddp_hook))
     elif mode in TORCH_HOOKS:
         ddp.register_comm_hook(plain, clock.wrap(TORCH_HOOKS[mode]))
@@ -150,9 +153,10 @@ def engine(mode: str, opts: Options, groups: Groups,
            device: torch.device) -> ringreduce.Communicator | None:
     """The hook's Communicator (new, on the plain group), the backend's own engine
     (built on first use and kept by the group), or None for the other modes."""
-    if mode == "hook":
+    if mode == "hook" or mode in WIRE_HOOKS:
         return ringreduce.Communicator(groups.plain, machines=opts.machines,
-                                       min_bytes=opts.min_bytes, issuer=opts.issuer)
+                                       min_bytes=opts.min_bytes, issuer=opts.issuer,
+                                       wire=WIRE_HOOKS.get(mode))
     if mode == "backend":
         if groups.ringreduce is None:
             raise ValueError("mode 'backend' needs the default process group created with "

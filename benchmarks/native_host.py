@@ -206,7 +206,7 @@ def report(rows: dict[str, tuple[Any, ...]], profiles: dict[str, cProfile.Profil
            size: int, calls: int, device: torch.device) -> None:
     for name, profile in profiles.items():
         text = io.StringIO()
-        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(24)
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)
         print(f"# cProfile, {calls} {name} calls (cumulative: with callees, all calls):")
         print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
     print(f"# {torch.cuda.get_device_name(device)}, {dist.get_world_size()} ranks, {size} "

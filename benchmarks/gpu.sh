@@ -57,8 +57,8 @@
 #            the compressed route (int8, native and Python) and NCCL's own call, with a
 #            cProfile (HOST_PROFILE); DDP with torch's NCCL allreduce_hook against
 #            ringreduce's hook (HOST_DDP_FLAGS; hook times per call): DLRM (25 MiB buckets)
-#            and the transformer (4 MiB buckets), NCCL's tree; DLRM with the int8 hook
-#            against torch's bf16 hook
+#            and the transformer (4 MiB buckets, HOST_TRANSFORMER_MODES), NCCL's tree; DLRM
+#            with the int8 hook against torch's bf16 hook
 #   native   the native issuer (issue 18): benchmarks/native_host.py (host time, CPU and wall
 #            per 25 MiB call, native at several slice sizes vs Python issuer vs NCCL, same
 #            run) at 2x2 loopback and capped and 4x2 loopback under MPS;
@@ -335,8 +335,8 @@ host)
     --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook ${HOST_DDP_FLAGS:-} \
     --json "$W/host_ddp_dlrm.json"
   step host_ddp_transformer ${DDP_S:-110} env NCCL_ALGO=allreduce:tree $E_ALL "${F[@]}" \
-    --script benchmarks/dlrm.py -- --modes nccl,nccl-hook,hook ${HOST_DDP_FLAGS:-} \
-    --model transformer \
+    --script benchmarks/dlrm.py -- --modes ${HOST_TRANSFORMER_MODES:-nccl,nccl-hook,hook} \
+    ${HOST_DDP_FLAGS:-} --model transformer \
     --layers 48 --bucket-mb 4 --steps 24 --warmup 4 --json "$W/host_ddp_transformer.json"
   # the compressed route (int8, error feedback on: the hook's default) against torch's
   # bf16 hook and its fp32 NCCL hook, each hook call timed on the autograd thread

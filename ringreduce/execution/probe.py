@@ -2,13 +2,15 @@
 
 Collective: every rank of a CUDA communicator runs it once, at the end of its
 construction, when the plan is not given and a call can take either plan (M > 1, D > 1).
-It makes all-reduces of ``slicing.PROBE_BYTES`` through the communicator itself, first
-on one slice, then on the pipeline: ``PROBE_WARMUP`` each (connections, the native
-issuer's trace), then ``PROBE_ROUNDS`` synchronous calls between two events on the
-caller's stream (the probe's shape is plan/slicing.py's, which the model prices). So
-each plan is timed as a call runs: the device's work, or the host's where issuing takes
-longer than the device needs. Every rank then takes the slowest rank's time of each plan
-(an all-reduce MAX), so all decide alike. The host waits for the device here, at
+It makes all-reduces of ``slicing.PROBE_BYTES`` through the communicator itself:
+``PROBE_WARMUP`` on each plan (connections, the native issuer's trace), then
+``PROBE_PASSES`` passes that time each plan in turn, ``PROBE_ROUNDS`` synchronous calls
+between two events on the caller's stream, each plan's fastest pass counting (the
+probe's shape is plan/slicing.py's, which the model prices). So each plan is timed as a
+call runs: the device's work, or the host's where issuing takes longer than the device
+needs; and neither pays alone for what is still warming up when the probe starts.
+Every rank then takes the slowest rank's time of each plan (an all-reduce MAX), so all
+decide alike. The host waits for the device here, at
 construction, never on a call. The probe's calls are numbered and recorded like the
 user's, before them.
 """
@@ -57,10 +59,16 @@ def compare(res: Resources, all_reduce: Callable[[torch.Tensor], object],
     nbytes = slicing.probe_bytes(config.min_bytes)
     timeout_s = config.timeout_s
     t = torch.zeros(-(-nbytes // 4), dtype=torch.float32, device=res.device)
-    seconds = []
-    for plan in slicing.PLANS:
-        res.plan = slicing.Choice(plan, "the construction probe")
-        seconds.append(_timed(lambda: all_reduce(t), res, timeout_s))
+    plans = [slicing.Choice(plan, "the construction probe") for plan in slicing.PLANS]
+    for choice in plans:
+        res.plan = choice
+        for _ in range(slicing.PROBE_WARMUP):
+            all_reduce(t)
+    seconds = [float("inf")] * len(plans)
+    for _ in range(slicing.PROBE_PASSES):
+        for i, choice in enumerate(plans):
+            res.plan = choice
+            seconds[i] = min(seconds[i], _timed(lambda: all_reduce(t), res, timeout_s))
     agreed = torch.tensor(seconds, dtype=torch.float64, device=res.device)
     all_reduce_max(res, agreed, timeout_s)
     one, piped = agreed.tolist()
@@ -69,9 +77,7 @@ def compare(res: Resources, all_reduce: Callable[[torch.Tensor], object],
 
 
 def _timed(call: Callable[[], object], res: Resources, timeout_s: float) -> float:
-    """Seconds per call on the caller's stream, after the warm-up."""
-    for _ in range(slicing.PROBE_WARMUP):
-        call()
+    """Seconds per call on the caller's stream, over PROBE_ROUNDS calls."""
     stream = torch.cuda.current_stream(res.device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record(stream)

@@ -40,9 +40,14 @@ the probe without torch."""
 LARGEST_PROBE_BYTES = 256 << 20
 """Above this ``min_bytes`` the probe is not run (the pipeline is taken)."""
 PROBE_WARMUP = 2
-"""Untimed calls per plan before the timed ones (connections, the native issuer's trace)."""
+"""Untimed calls per plan before any timed one (connections, the native issuer's trace)."""
 PROBE_ROUNDS = 3
-"""Timed calls per plan."""
+"""Timed calls per plan and pass."""
+PROBE_PASSES = 2
+"""The plans are timed in turn, this many passes each, and each plan's fastest pass
+counts: timed once each, the plan timed first paid the process's cold start (one slice
+at 21-23 ms against 15-16 pipelined in the first communicator of a process, 12-13 ms
+for both in the next ones: results 2026-11-27-h100x2-replay-default, runs 2 and 3)."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Collective: every rank of a CUDA communicator runs it once, at the end of its
 construction, when the plan is not given and a call can take either plan (M > 1, D > 1).
-It makes all-reduces of ``slicing.PROBE_BYTES`` through the communicator itself:
+It makes int32 all-reduces of ``slicing.PROBE_BYTES`` through the communicator itself:
 ``PROBE_WARMUP`` on each plan (connections, the native issuer's trace), then
 ``PROBE_PASSES`` passes that time each plan in turn, ``PROBE_ROUNDS`` synchronous calls
 between two events on the caller's stream, each plan's fastest pass counting (the
@@ -58,7 +58,10 @@ def compare(res: Resources, all_reduce: Callable[[torch.Tensor], object],
         return res.plan
     nbytes = slicing.probe_bytes(config.min_bytes)
     timeout_s = config.timeout_s
-    t = torch.zeros(-(-nbytes // 4), dtype=torch.float32, device=res.device)
+    # int32, not float32: a communicator's wire (bf16's pipeline, int8's compressed
+    # route) takes float32 calls whatever the plan, so they would time the wire's route
+    # on both plans; every other dtype takes the plan, and int32 moves float32's bytes.
+    t = torch.zeros(-(-nbytes // 4), dtype=torch.int32, device=res.device)
     plans = [slicing.Choice(plan, "the construction probe") for plan in slicing.PLANS]
     for choice in plans:
         res.plan = choice

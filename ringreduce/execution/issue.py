@@ -269,7 +269,7 @@ class Issuer:
             event.record(res.sync.caller() if stream == CALLER
                          else res.sync.streams[stream])
             # a call on one stream (one slice, compressed) has every rank as its peers
-            done.append((label, event, self._peers(label)))
+            done.append((label, event, self._peers(label if _one_stream(label) else stream)))
         res.watchdog.watch(record.op_number, f"{record.kind} of {record.numel} x {record.dtype}",
                            done)
 
@@ -324,8 +324,12 @@ def _stage_ends(last: str, devices: int, route: str) -> Ends:
     the flat stream, a stage's or the caller's), labelled with its route."""
     if route == "hierarchical":
         return [(s, s) for s in schedule.active_stages(devices)]
-    label = route if route == ONE_SLICE or route.startswith("compressed") else FLAT
-    return [(label, last or CALLER)]
+    return [(route if _one_stream(route) else FLAT, last or CALLER)]
+
+
+def _one_stream(route: str) -> bool:
+    """Whether ``route`` runs a hierarchical call on one stream (every rank its peers)."""
+    return route == ONE_SLICE or route.startswith("compressed")
 
 
 def as_torch_future(job: concurrent.futures.Future[Any],

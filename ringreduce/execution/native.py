@@ -163,7 +163,7 @@ class NativeIssuer:
         self._programs: dict[tuple[Any, ...], tuple[Any, list[torch.Tensor]]] = {}
         """Traced programs by kind of call, each with the work buffers it points into."""
         self._warm: set[tuple[Any, ...]] = set()
-        """Kinds of call (size, dtype, op, alignment) the Python issuer ran once."""
+        """Kinds of call (``program``'s keys) the Python issuer ran once."""
 
     def streams_busy(self) -> str:
         """Which of the communicator's streams still have work queued (cudaStreamQuery,

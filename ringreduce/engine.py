@@ -105,6 +105,8 @@ class Communicator(Calls):
         hosts = agreement.meet(store, rank, world, self.config, host)
         self._res: Resources = build_resources(store, rank, world, device, self.config, hosts)
         self._issuer = Issuer(self._res, self.config)
+        self._bucket_keys: dict[int, str] = {}
+        """The feedback key of each DDP bucket index (_bucket_key)."""
         native = self._res.native  # its programs point into the feedback memory let go
         self._feedback = compressed.Feedback(None if native is None else native.forget_feedback)
         self._op_number = 0
@@ -183,8 +185,9 @@ class Communicator(Calls):
                 self._issuer.wait_cpu()
             self._feedback.reset(key)
 
-    def _hook_all_reduce(self, t: torch.Tensor,
-                         bucket: int | None = None) -> torch.futures.Future[torch.Tensor]:
+    def _hook_all_reduce(
+            self, t: torch.Tensor,
+            bucket: dist.GradBucket | None = None) -> torch.futures.Future[torch.Tensor]:
         """DDP's hook (integrations/hook.py): an asynchronous average of a bucket.
 
         16-bit buckets are divided by the world size first, in their own precision, and
@@ -193,13 +196,12 @@ class Communicator(Calls):
         in the bucket's dtype somewhere (the flat all-reduce, the intra-machine
         reduce-scatter). Other dtypes take AVG: the exact sum, divided once.
 
-        ``bucket``: DDP's bucket index; with an 8- or 4-bit wire and
-        ``Config.hook_feedback`` the bucket keeps error feedback under it (a bucket whose
-        size changes, as DDP's do when rebuilt after the first step, starts over)."""
+        ``bucket``: DDP's; with an 8- or 4-bit wire and ``Config.hook_feedback`` it keeps
+        error feedback (``_bucket_key``)."""
         feedback = None
         if bucket is not None and self.config.hook_feedback and \
                 self.config.wire in quant.FORMATS and t.dtype in compressed.FLOATS:
-            feedback = f"ddp bucket {bucket}"
+            feedback = self._bucket_key(bucket)
         if t.dtype in (torch.float16, torch.bfloat16):
             # checked before dividing, so a refused call leaves the bucket untouched
             self._usable()
@@ -210,6 +212,22 @@ class Communicator(Calls):
             fut = self.all_reduce(t, dist.ReduceOp.AVG, async_op=True, feedback=feedback)
         assert fut is not None
         return fut
+
+    def _bucket_key(self, bucket: dist.GradBucket) -> str:
+        """Error feedback's key for a DDP bucket: its index and the order of its
+        parameters. DDP rebuilds its buckets after the first step, in the order the
+        gradients became ready, so a bucket can keep its index and its size and hold
+        its parameters in another order (one bucket of two layers whose forward runs
+        them in reverse: tests/compressed.py); the errors kept for the old layout
+        must not be added to the new one. The key the index had before is let go."""
+        index = bucket.index()
+        key = f"ddp bucket {index} ({hash(tuple(map(id, bucket.parameters()))):x})"
+        old = self._bucket_keys.get(index)
+        if old != key:
+            if old is not None:
+                self.reset_feedback(old)
+            self._bucket_keys[index] = key
+        return key
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor,
                        op: Any = dist.ReduceOp.SUM, async_op: bool = False, *,

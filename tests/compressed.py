@@ -164,3 +164,47 @@ def hook_trains(comm: ringreduce.Communicator, rank: int) -> None:
     for p in model.parameters():
         same_on_every_rank(p.detach(), "DDP parameters")
     assert comm._feedback.nbytes() > 0, "the hook keeps error feedback for int8"
+
+
+class _TwoLayers(nn.Module):
+    """Two layers registered a, b and run b(a(x)): DDP's one bucket holds a's
+    parameters first, and after its rebuild b's, at the same index and size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+def hook_feedback_follows_the_rebuilt_bucket(comm: ringreduce.Communicator,
+                                             plain: ringreduce.Communicator, rank: int) -> None:
+    """The feedback DDP's hook kept for a bucket before DDP rebuilt it is not added to
+    the rebuilt one, which holds its parameters in another order at the same index and
+    size: the rebuilt bucket's first reduction is bit for bit a reduction of the same
+    gradients without feedback (on ``plain``), and the old key is let go."""
+    torch.manual_seed(0)
+    net = _TwoLayers().to(here())
+    names = {id(p): n for n, p in net.named_parameters()}
+    model = DDP(net, bucket_cap_mb=1)  # one bucket, before and after the rebuild
+    calls: list[tuple[int, list[str], torch.Tensor, torch.futures.Future[torch.Tensor]]] = []
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP reads annotations
+        before = bucket.buffer().clone()
+        fut = ringreduce.ddp_hook(state, bucket)
+        calls.append((bucket.index(), [names[id(p)] for p in bucket.parameters()], before, fut))
+        return fut
+
+    model.register_comm_hook(comm, hook)
+    g = torch.Generator().manual_seed(rank)
+    results = []
+    for _ in range(3):
+        model(torch.randn(16, 64, generator=g).to(here())).square().mean().backward()
+        results.append(calls[-1][3].wait().clone())  # the next step reuses the buffer
+    (i0, layout0, _, _), (i1, layout1, before, _), _ = calls
+    assert i0 == i1 == 0 and layout0 != layout1, (layout0, layout1)  # the case it guards
+    want = before.clone()
+    plain.all_reduce(want, op=dist.ReduceOp.AVG, wire="int8")
+    assert torch.equal(results[1], want), "the rebuilt bucket got the old layout's feedback"
+    assert len(comm._feedback._errors) == 1, list(comm._feedback._errors)

@@ -21,7 +21,13 @@ import torch.distributed as dist
 import ringreduce
 from ringreduce.execution import quant
 
-from .compressed import accuracy, feedback, hook_trains, non_finite
+from .compressed import (
+    accuracy,
+    feedback,
+    hook_feedback_follows_the_rebuilt_bucket,
+    hook_trains,
+    non_finite,
+)
 from .multiproc import run_test_ranks
 
 
@@ -93,6 +99,9 @@ def test_error_feedback_and_arguments() -> None:
 def _hook_worker(rank: int, world: int) -> None:
     with ringreduce.Communicator(machines=2, min_bytes=0, wire="int8") as comm:
         hook_trains(comm, rank)
+    with ringreduce.Communicator(machines=2, min_bytes=0, wire="int8") as comm, \
+            ringreduce.Communicator(machines=2, min_bytes=0) as plain:
+        hook_feedback_follows_the_rebuilt_bucket(comm, plain, rank)
 
 
 def test_ddp_hook_with_int8_trains_and_stays_identical() -> None:

@@ -25,6 +25,8 @@ def ddp_hook(state: Communicator, bucket: dist.GradBucket) -> torch.futures.Futu
     NCCL's, and fp32 is divided after the sum, not before.
 
     With an 8- or 4-bit wire (``Communicator(wire="int8")``) each bucket keeps error
-    feedback, keyed by its index (``Config.hook_feedback``; ``comm.reset_feedback()``).
+    feedback, keyed by its index and the order of its parameters, so a bucket DDP
+    rebuilds after the first step starts over (``Config.hook_feedback``;
+    ``comm.reset_feedback()``).
     """
-    return state._hook_all_reduce(bucket.buffer(), bucket.index())
+    return state._hook_all_reduce(bucket.buffer(), bucket)

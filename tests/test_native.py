@@ -601,3 +601,19 @@ def test_traces_with_the_real_kernel_arguments_validate(machines, devices, wire)
     assert counts["send"] == counts["recv"] == (1 if gathered else 2) * peers * parts
     assert counts.get("reduce_scatter", 0) == (parts if devices > 1 else 0)
     assert counts.get("all_gather", 0) == ((devices > 1) + gathered) * parts
+
+
+def test_forgetting_feedback_memory_drops_every_key_that_holds_it() -> None:
+    """reset_feedback (or a key whose size changed) lets error-feedback memory go: the
+    programs that point into it, and the first-sight keys that would keep it alive,
+    are dropped; the other kinds of call stay."""
+    feedback = compressed.Feedback()
+    old = feedback.errors("b0", 1024, "int8", 2, 256, torch.device("cpu"))
+    kept = feedback.errors("b1", 1024, "int8", 2, 256, torch.device("cpu"))
+    issuer = native.NativeIssuer.__new__(native.NativeIssuer)  # no CUDA: only its tables
+    kinds = [(1024, torch.float32, "avg", 0, compressed.Spec("int8", 256, errors))
+             for errors in (old, kept)] + [(1024, torch.float32, "sum", 0, "")]
+    issuer._programs = {k: (object(), []) for k in kinds}
+    issuer._warm = set(kinds)
+    issuer.forget_feedback(old)
+    assert list(issuer._programs) == kinds[1:] and issuer._warm == set(kinds[1:])

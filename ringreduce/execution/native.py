@@ -189,6 +189,8 @@ class NativeIssuer:
         if kept is not None:
             return kept[0]
         if key not in self._warm:
+            if len(self._warm) >= 4 * _PROGRAMS:  # ever-new sizes: bounded, as _programs
+                self._warm.clear()
             self._warm.add(key)
             return None
         if len(self._programs) >= _PROGRAMS:
@@ -203,9 +205,12 @@ class NativeIssuer:
         """Drop the programs that point into ``errors`` (compressed._Errors), memory
         that error feedback let go (``reset_feedback``, a key's size changed): the
         next call of their kind makes new memory and is traced again."""
-        for key in [k for k in self._programs
-                    if isinstance(k[-1], compressed.Spec) and k[-1].errors is errors]:
+        def points_into(key: tuple[Any, ...]) -> bool:
+            return isinstance(key[-1], compressed.Spec) and key[-1].errors is errors
+
+        for key in [k for k in self._programs if points_into(k)]:
             del self._programs[key]
+        self._warm = {k for k in self._warm if not points_into(k)}  # keys hold the memory
 
     def issue(self, t: torch.Tensor, program: Any, async_op: bool, record: Record,
               after: int = 0, plan: str = "") -> tuple[Any, list[tuple[str, Any]]]:

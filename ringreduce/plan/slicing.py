@@ -45,9 +45,9 @@ PROBE_ROUNDS = 3
 """Timed calls per plan and pass."""
 PROBE_PASSES = 2
 """The plans are timed in turn, this many passes each, and each plan's fastest pass
-counts: timed once each, the plan timed first paid the process's cold start (one slice
-at 21-23 ms against 15-16 pipelined in the first communicator of a process, 12-13 ms
-for both in the next ones: results 2026-11-27-h100x2-replay-default, runs 2 and 3)."""
+counts, so that neither pays alone for what warms up or disturbs the link while the
+probe runs. (It did not change a decision where it was measured: results
+2026-11-27-h100x2-replay-default, runs 4 and 5.)"""
 
 
 @dataclass(frozen=True)

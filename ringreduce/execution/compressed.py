@@ -166,7 +166,7 @@ class Feedback:
 class Scratch:
     """A call's work buffers: fresh per call (``keep`` None: issued from Python), or
     made once for a kind of call and kept with its program (``keep``: the list the
-    native issuer's trace holds, recording.trace_compressed). Kept buffers are zeroed
+    native issuer's trace holds, recording.walk_compressed). Kept buffers are zeroed
     once: the padding nobody writes stays zero for every replay."""
 
     def __init__(self, device: torch.device, keep: list[torch.Tensor] | None = None) -> None:

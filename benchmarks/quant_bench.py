@@ -71,7 +71,7 @@ def cases(kernels: Kernels, name: str, feedback: bool) -> dict[str, tuple[Callab
     k = VALUES // MACHINES
     row = fmt.row_bytes(k, block)
     x = torch.randn(MACHINES, k, device="cuda")
-    packed = fused.packed(MACHINES, k, device)
+    packed = fused.packed(MACHINES, k)
     ops.quantize(x.clone(), packed, None)
     residual = torch.zeros_like(x) if feedback else None
     errors = compressed._Errors(VALUES, name, x, torch.zeros(k, device="cuda")) \

@@ -94,7 +94,7 @@ def test_quantize_matches_torch(kernels, name: str, dtype: torch.dtype) -> None:
         x = _data(rows, k, block, seed=nblocks, dtype=dtype)
         residual = (torch.randn(rows, k, device="cuda") * 1e-2) if feedback else None
         want_res = None if residual is None else residual.clone()
-        want, got = fused.packed(rows, k, x.device), fused.packed(rows, k, x.device)
+        want, got = fused.packed(rows, k), fused.packed(rows, k)
         torch_ops.quantize(x.float().clone(), want, want_res)  # it adds in place
         fused.quantize(x, got, residual)
         torch.cuda.synchronize()
@@ -112,7 +112,7 @@ def test_unaligned_rows_take_the_scalar_variant(kernels, name: str) -> None:  # 
     x.copy_(_data(rows, k, 256, seed=1, dtype=torch.float32))
     raw = torch.empty(rows * fused.fmt.row_bytes(k, 256) + 1, dtype=torch.uint8, device="cuda")
     got = raw[1:].view(rows, -1)  # 1 byte past: byte-wise scales and payload
-    want = fused.packed(rows, k, x.device)
+    want = fused.packed(rows, k)
     torch_ops.quantize(x.clone(), want, None)
     fused.quantize(x, got, None)
     torch.cuda.synchronize()
@@ -125,10 +125,10 @@ def test_add_and_requantize_matches_torch(kernels, name: str) -> None:  # type: 
         fused, torch_ops = _codecs(kernels, name, block)
         k = nblocks * block
         parts = _data(machines, k, block, seed=nblocks + 7, dtype=torch.float32)
-        got = fused.packed(machines, k, parts.device)
+        got = fused.packed(machines, k)
         torch_ops.quantize(parts, got, None)  # each machine's row m as it crossed the rail
         for m in range(machines):
-            mine = fused.packed(machines, k, parts.device)
+            mine = fused.packed(machines, k)
             mine[m] = got[m]
             others = got.clone()
             others[m] = 0  # never read: row m comes from mine
@@ -152,7 +152,7 @@ def test_dequantize_matches_torch(kernels, name: str, dtype: torch.dtype) -> Non
         fused, torch_ops = _codecs(kernels, name, block)
         k = nblocks * block
         x = _data(rows, k, block, seed=nblocks + 3, dtype=torch.float32)
-        packed = fused.packed(rows, k, x.device)
+        packed = fused.packed(rows, k)
         torch_ops.quantize(x.clone(), packed, None)
         got = compressed._unpack(packed, fused, op, dtype, ctx)  # type: ignore[arg-type]
         want = compressed._unpack(packed, torch_ops, op, dtype, ctx)  # type: ignore[arg-type]

@@ -236,7 +236,8 @@ class Codec:
         self.handle = 0 if kernels is None else on.stream if on is not None and \
             on.stream is not None else torch.cuda.current_stream(device).cuda_stream
 
-    def packed(self, rows: int, k: int, device: torch.device) -> torch.Tensor:
+    def packed(self, rows: int, k: int) -> torch.Tensor:
+        """(rows, row bytes) uint8 for ``rows`` packed rows of ``k`` values."""
         return self.scratch.empty((rows, self.fmt.row_bytes(k, self.block)), torch.uint8)
 
     def quantize(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None) -> None:
@@ -286,9 +287,9 @@ def _collect(part: torch.Tensor, codec: Codec, errors: _Errors | None, ctx: Call
     """(got, mine): every machine's partial of row m as it crossed the rail (got[m]
     not filled: it is mine[m]), and this machine's partials, each quantized once."""
     m, (machines, k) = ctx.topo.machine_index, part.shape
-    mine = codec.packed(machines, k, part.device)
+    mine = codec.packed(machines, k)
     codec.quantize(part, mine, None if errors is None else errors.collect)
-    got = codec.packed(machines, k, part.device)
+    got = codec.packed(machines, k)
     others = [j for j in range(machines) if j != m]
     with stage_errors(ctx, "collect", part):
         ctx.transport.rail_exchange("collect", [mine[j] for j in others],
@@ -301,7 +302,7 @@ def _add(got: torch.Tensor, mine: torch.Tensor, codec: Codec, errors: _Errors | 
     """(1, row bytes): the sum over machines of row m, in fp32, machines 0..M-1 on every
     rank (one fixed order), plus the diffuse error, quantized once for diffuse."""
     machines, k = got.shape[0], _row_elements(got, codec)
-    sent = codec.packed(1, k, got.device)
+    sent = codec.packed(1, k)
     residual = None if errors is None else errors.diffuse
     if codec.kernels is not None:
         codec.kernels.reduce_requantize(got, mine[m], m, codec.fmt, codec.block, sent,

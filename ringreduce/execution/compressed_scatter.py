@@ -87,7 +87,7 @@ def _collect(part: torch.Tensor, codec: Codec, error: torch.Tensor | None, ctx: 
     rail (quantized, then dequantized), this machine's own exact."""
     m, (machines, k) = ctx.topo.machine_index, part.shape
     own = part[m].clone()  # before quantize: the torch ops add the error into part
-    sent = codec.packed(machines, k, part.device)
+    sent = codec.packed(machines, k)
     codec.quantize(part, sent, error)
     if error is not None:
         error[m].zero_()  # the own row was never rounded: nothing to carry

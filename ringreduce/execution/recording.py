@@ -10,8 +10,10 @@ collaborators:
                      --kernels-->   Kernels copy with ``emit`` set      kernel launches
 
 which write instructions into a Recorder instead of executing them. A one-slice call
-(one_slice.run) is walked the same way, on the last stage's stream: the job's entry
-wait, its three groups and kernels, then the flag and done event on that stream.
+(one_slice.run) and a compressed one (compressed.all_reduce, with work buffers made
+once and kept beside the program) are walked the same way, on the last stage's stream:
+the job's entry wait, their groups, kernels and copies, then the flag and done event
+on that stream.
 The result is a validated ``_native.Program`` (native/program.h): pointers inside the
 caller's tensor are stored relative to its start, staging and padding pointers
 absolutely. Replaying it is native.py's.

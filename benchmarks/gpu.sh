@@ -55,7 +55,7 @@
 #            benchmarks/native_host.py at 25 MiB and 4 MiB: the probe-chosen plan (native
 #            issuer: replayed) against one slice (native and Python issuers), the pipeline,
 #            the compressed route (int8, native and Python) and NCCL's own call, with a
-#            cProfile (HOST_PROFILE); DDP with torch's NCCL allreduce_hook against
+#            cProfile (HOST_PROFILE), HOST_EXTRA (more arguments, e.g. --pieces); DDP with torch's NCCL allreduce_hook against
 #            ringreduce's hook (HOST_DDP_FLAGS; hook times per call): DLRM (25 MiB buckets)
 #            and the transformer (4 MiB buckets, HOST_TRANSFORMER_MODES), NCCL's tree; DLRM
 #            with the int8 hook against torch's bf16 hook
@@ -323,7 +323,7 @@ host)
     NCCL_SET_THREAD_NAME=1 step "host_call_$size" ${HOST_S:-80} $E_ALL "${F[@]}" \
       --script benchmarks/native_host.py -- --size $size --calls ${HOST_CALLS:-32} \
       --ways ${HOST_WAYS:-native/auto,python/one,native/piped,native/auto+int8,python/auto+int8} \
-      --profile "${HOST_PROFILE:-native/auto async,native/auto+int8 async}"
+      --profile "${HOST_PROFILE:-native/auto async,native/auto+int8 async}" ${HOST_EXTRA:-}
   done
   # over loopback (no cap): where the rail is fast and the host's time shows; NCCL's
   # INFO lines say which transport carries the intra-machine stages here

@@ -229,8 +229,66 @@ def report(rows: dict[str, tuple[Any, ...]], profiles: dict[str, cProfile.Profil
         print(f"#   {name:<20} " + ", ".join(parts))
 
 
+def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
+           device: torch.device) -> dict[str, Callable[[], object]]:
+    """What a one-slice call and DDP's hook are made of, each timed alone (``--pieces``),
+    on ``comm`` (one slice, native issuer): our NCCL binding's own all-reduce (one
+    launch) and the one-slice plan's three collectives issued from Python without
+    events or check (the floor of any issuer of three groups); the native replay of
+    the traced program alone; a CUDA-aware Future, made and completed on a stream;
+    torch's ``allreduce_hook`` body (divide, all-reduce, ``then``) against ours. Values
+    are not checked here (they grow): only host time. The 16 MiB probe and two calls
+    have traced the program of this size."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from ringreduce.execution import streams
+    from ringreduce.plan.slicing import ONE_SLICE
+
+    res = comm._res
+    native, transport, topo = res.native, res.transport, res.topo
+    assert native is not None and res.plan.one_slice, comm.describe()
+    junk = base.clone()
+    devices = topo.devices_per_machine
+    k = junk.numel() // devices
+    body = junk[:k * devices]
+    chunk = body.view(devices, k)[topo.device_index]
+    for _ in range(2):
+        comm.all_reduce(junk)
+    program = native.program(junk, "sum", lambda: None, ONE_SLICE)
+    assert program is not None, "the one-slice program of this size was not traced"
+
+    def caller() -> int:
+        return torch.cuda.current_stream(device).cuda_stream
+
+    def three_groups() -> None:
+        s = caller()
+        transport.reduce_scatter_into("reduce_scatter", body, chunk, "sum", s)
+        transport.all_reduce_on("collect", chunk, "sum", s)
+        transport.all_gather_into("all_gather", chunk, body, s)
+
+    def replay() -> None:
+        s = caller()
+        native.worker.stream_wait(s, native.worker.run(program, junk.data_ptr(), s, 0))
+
+    def future_set() -> object:
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[device])
+        streams.complete_on(native.done, fut, junk)
+        return fut
+
+    return {
+        "p:nccl1 sync": lambda: transport.all_reduce_on("world", junk, "sum", caller()),
+        "p:nccl3 sync": three_groups,
+        "p:replay sync": replay,
+        "p:future async": lambda: torch.futures.Future(devices=[device]),
+        "p:fut+set async": future_set,
+        "p:torchhook async": lambda: default_hooks._allreduce_fut(None, junk),
+        "p:ourhook async": lambda: comm._hook_all_reduce(junk),
+    }
+
+
 def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
-              machines: int | None, names: list[str], profile: list[str]) -> None:
+              machines: int | None, names: list[str], profile: list[str],
+              with_pieces: bool = False) -> None:
     say: Say = print if launch.rank == 0 else (lambda *a, **k: None)
     comms = build_comms(machines, names)
     say(f"# built {len(comms)} communicators", flush=True)
@@ -250,6 +308,8 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
         ways[f"{name} sync"] = lambda c=comm, k=key: c.all_reduce(x, feedback=k)
         ways[f"{name} async"] = lambda c=comm, k=key: c.all_reduce(next(ring), async_op=True,
                                                                    feedback=k)
+    if with_pieces:
+        ways |= pieces(comms["native/one"], base, device)
     rows = measure(ways, calls, device, say)
     profiles = profile_native(ways, calls, device, profile)
     settle(device)
@@ -273,6 +333,9 @@ def main() -> None:
                    default=["native sync", "native async"],
                    help="ways profiled with cProfile on an idle pipeline, e.g. "
                         "'python sync'")
+    p.add_argument("--pieces", action="store_true",
+                   help="also time a one-slice call's and DDP's hook's parts alone (pieces(); "
+                        "needs the way native/one)")
     args = p.parse_args()
     if "NCCL_HOSTID" in os.environ and "RANK" in os.environ:
         # Ranks sharing one GPU need a host id each (NCCL refuses a duplicate GPU per
@@ -281,7 +344,7 @@ def main() -> None:
     run_ranks(lambda launch, device: rank_body(launch, device, args.size, args.calls,
                                                args.machines,
                                                args.ways + [f"native/{x}" for x in args.slices],
-                                               args.profile))
+                                               args.profile, args.pieces))
 
 
 if __name__ == "__main__":

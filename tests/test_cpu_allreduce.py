@@ -70,7 +70,7 @@ def _one_slice_worker(rank: int, world: int, machines: int) -> None:
         gather = ["all_gather_into:all_gather", "exchange_signature:all_gather"] \
             if devices > 1 else []
         assert calls == [*inside, "all_reduce_on:collect", *tail,
-                         "exchange_signature:diffuse", *gather], calls
+                         "exchange_signature:collect", *gather], calls
         last = comm._res.guard.recorder.last()
         assert last is not None and last.route == "one-slice" and "plan=" in last.why
         assert sweep(comm, sizes_for(devices, machines), CPU) > 0

@@ -36,10 +36,9 @@ if TYPE_CHECKING:
 RAIL = "collect"
 """The rail all-reduce runs on the collect stage's communicator (a rail's ranks are
 its machines); errors name it so, with the rail's ranks as peers."""
-STAGE_OF_GROUP = {"world": RAIL, "diffuse": RAIL}
+STAGE_OF_GROUP = {"world": RAIL}
 """The stage a group's failure is named after, by the group's first communicator
-where it is not a stage's own: the tail and the check's rail hop ride the rail's
-group."""
+where it is not a stage's own: the tail rides the rail's group."""
 
 
 def run(flat: torch.Tensor, op: str, ctx: CallContext, stream: int | None) -> None:
@@ -56,13 +55,14 @@ def run(flat: torch.Tensor, op: str, ctx: CallContext, stream: int | None) -> No
     if devices > 1 and k:
         with stage_errors(ctx, "reduce_scatter", flat):
             transport.reduce_scatter_into("reduce_scatter", body, chunk, op, stream)
-    with stage_errors(ctx, RAIL, flat), transport.group([RAIL, "world", "diffuse"]):
+    with stage_errors(ctx, RAIL, flat), transport.group([RAIL, "world"]):
         if k:
             transport.all_reduce_on(RAIL, chunk, op, stream)
         if tail.numel():
             transport.all_reduce_on("world", tail, op, stream)
-        if check is not None:  # the rail's maximum, on the rail's other communicator
-            transport.exchange_signature("diffuse", check.words, check.got, stream)
+        if check is not None:  # the rail's maximum: on the chunk's communicator, so
+            # that the group launches on one communicator, not two (host time)
+            transport.exchange_signature(RAIL, check.words, check.got, stream)
     if op == "avg":
         for part in (chunk, tail):
             if part.numel():

@@ -55,10 +55,11 @@
 #            benchmarks/native_host.py at 25 MiB and 4 MiB: the probe-chosen plan (native
 #            issuer: replayed) against one slice (native and Python issuers), the pipeline,
 #            the compressed route (int8, native and Python) and NCCL's own call, with a
-#            cProfile (HOST_PROFILE), HOST_EXTRA (more arguments, e.g. --pieces); DDP with torch's NCCL allreduce_hook against
-#            ringreduce's hook (HOST_DDP_FLAGS; hook times per call): DLRM (25 MiB buckets)
-#            and the transformer (4 MiB buckets, HOST_TRANSFORMER_MODES), NCCL's tree; DLRM
-#            with the int8 hook against torch's bf16 hook
+#            cProfile (HOST_PROFILE) and HOST_EXTRA's arguments (e.g. --pieces); DDP with
+#            torch's NCCL allreduce_hook against ringreduce's hook (HOST_DDP_FLAGS; hook
+#            times per call): DLRM (25 MiB buckets) and the transformer (4 MiB buckets,
+#            HOST_TRANSFORMER_MODES), NCCL's tree; DLRM with the int8 hook against torch's
+#            bf16 hook
 #   native   the native issuer (issue 18): benchmarks/native_host.py (host time, CPU and wall
 #            per 25 MiB call, native at several slice sizes vs Python issuer vs NCCL, same
 #            run) at 2x2 loopback and capped and 4x2 loopback under MPS;

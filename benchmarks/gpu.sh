@@ -51,7 +51,8 @@
 #            against NCCL fp32 under its default and its tree algorithm and torch's bf16
 #            hook, then over loopback
 #   host     what a call costs the host (issue 36), on the faithful 2x2 capped (>= 2 GPUs):
-#            the GPU tests at 2x2 (test_gpu.py, test_native_cuda.py, test_gpu_compressed.py);
+#            the GPU tests at 2x2 (test_gpu.py, test_native_cuda.py, test_gpu_compressed.py,
+#            HOST_TEST_FILES);
 #            benchmarks/native_host.py at 25 MiB and 4 MiB: the probe-chosen plan (native
 #            issuer: replayed) against one slice (native and Python issuers), the pipeline,
 #            the compressed route (int8, native and Python) and NCCL's own call, with a
@@ -318,7 +319,7 @@ host)
   F=(--machines 2 --gpus-per-machine 2 $CAP)
   step host_tests ${TESTS_S:-150} python3 benchmarks/emulate.py --mps-only -- \
     env RINGREDUCE_GPU_TOPOLOGIES=2x2 RR_MPS=1 python3 -m pytest -m gpu tests/test_gpu.py \
-    tests/test_native_cuda.py tests/test_gpu_compressed.py \
+    tests/test_native_cuda.py tests/test_gpu_compressed.py ${HOST_TEST_FILES:-} \
     -k "${TESTS_K-not fault and not killed}" -p no:cacheprovider -v -rs
   for size in 25M 4M; do
     NCCL_SET_THREAD_NAME=1 step "host_call_$size" ${HOST_S:-80} $E_ALL "${F[@]}" \

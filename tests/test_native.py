@@ -327,6 +327,35 @@ def _call_check(rank: int, machines: int, devices: int) -> DeviceCallCheck:
                            torch.zeros(4, dtype=int64), REPORT)
 
 
+def _kept_check(rank: int, machines: int, devices: int) -> call_check.KeptWords:
+    """The check as recording.trace wraps it: words made once per program (here CPU
+    memory), kept in ``_keep``."""
+    return call_check.KeptWords(_call_check(rank, machines, devices),
+                                lambda own: torch.tensor([own, ~own]), _KEPT)
+
+
+_KEPT: list[torch.Tensor] = []
+"""Every traced check's words (tests only: small, kept for the module's life)."""
+
+
+def _assert_reads_kept_words(exchange: tuple[int, ...], ops: dict[str, int]) -> None:
+    """The check's first hop sends a kept [own, ~own], at its absolute address (the
+    all_reduce's send argument, not relative: bit 1 of its flags clear)."""
+    assert exchange[0] == ops["all_reduce"] and not exchange[2] & 0b10, exchange
+    words = next(w for w in _KEPT if w.data_ptr() == exchange[4])
+    assert int(words[1]) == ~int(words[0]) and int(words[0]) != 0, words
+
+
+def _but_words(rec: recording.Recorder) -> bytes:
+    """The program's instructions with the check's words (memory made per trace) at 0."""
+    kept = {w.data_ptr() for w in _KEPT}
+    code = [list(c) for c in struct.iter_unpack("<9q", bytes(rec.code))]
+    for c in code:
+        if c[0] == _native.OPS["all_reduce"] and c[4] in kept:
+            c[4] = 0
+    return b"".join(struct.pack("<9q", *c) for c in code)
+
+
 def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
            wire: torch.dtype | None = None, real_kernels: bool = False,
            ) -> tuple[recording.Recorder, Any, Any, torch.Tensor]:
@@ -343,7 +372,7 @@ def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
         kernels = _Kernels()
         kernels.emit = rec
     comms = {s: SimpleNamespace(_comm=7 + i) for i, s in enumerate((*schedule.STAGES, "world"))}
-    check = _call_check(rank, machines, devices)
+    check = _kept_check(rank, machines, devices)
     ctx = SimpleNamespace(topo=topo, buffers=buffers, kernels=kernels, wire=wire, record=None,
                           op_number=1, sync=recording.RecordedStreams(real, rec), check=check,
                           transport=NcclTransport(topo, comms, kernels if real_kernels else None,
@@ -365,18 +394,19 @@ def test_a_traced_call_is_the_plans_operations_and_independent_of_the_tensors_ad
     # collect's group in the same wave), not one per stage, and
     # one for the end-of-call check's second hop (along the rail)
     assert counts["group_start"] == counts["group_end"] == len(waves) + 1 == len(plans) + 4
-    assert counts["reduce_scatter"] == counts["launch"] - 2 == parts
+    assert counts["reduce_scatter"] == counts["launch"] - 1 == parts  # adds, the verdict
     assert counts["send"] == counts["recv"] == parts  # collect, one peer
     assert counts["all_gather"] == 2 * parts  # diffuse along the rail, then inside
-    # The end-of-call check: put (a launch) before the last wave's group, its first hop
-    # inside it after the stages' operations, the second in a group of its own, then
-    # verify (a launch), all before the flag says done.
+    # The end-of-call check: its words written when traced (no put in the program), its
+    # first hop inside the last wave's group after the stages' operations, the second in
+    # a group of its own, then verify (a launch), all before the flag says done.
     assert counts["all_reduce"] == 2
     names = {code: name for name, code in _native.OPS.items()}
-    order = [names[op] for op, *_ in struct.iter_unpack("<9q", bytes(rec.code))]
+    code = list(struct.iter_unpack("<9q", bytes(rec.code)))
+    order = [names[op] for op, *_ in code]
     hop = order.index("all_reduce")
     start = hop - order[hop::-1].index("group_start")
-    assert "launch" in order[start - 2:start], order[start - 4:]
+    _assert_reads_kept_words(code[hop], _native.OPS)
     assert order[start:hop + 2] == ["group_start", "all_gather", "all_gather", "all_reduce",
                                       "group_end"], order[start:]
     tail = [n for n in order[hop + 2:] if n not in ("memcpy", "record_event")]
@@ -388,7 +418,7 @@ def test_a_traced_call_is_the_plans_operations_and_independent_of_the_tensors_ad
                                          if not n.startswith("tail"))
     again, _, _, _ = _trace(numel, rank=0)  # a new tensor, elsewhere (first is alive)
     assert again.base != rec.base == first.data_ptr()
-    assert bytes(again.code) == bytes(rec.code) and bytes(again.args) == bytes(rec.args)
+    assert _but_words(again) == _but_words(rec) and bytes(again.args) == bytes(rec.args)
     other, _, _, _ = _trace(numel, rank=3)  # another rank: other rows, other staging
     assert bytes(other.code) != bytes(rec.code)
 
@@ -406,7 +436,7 @@ def _one_stream_context(numel: int, rank: int, machines: int, devices: int,
                                           calls=recording.RecordedNccl(rec))
     ctx = SimpleNamespace(topo=topo, kernels=kernels, record=None, op_number=1, divisors={},
                           sync=recording.RecordedStreams(real, rec), transport=transport,
-                          check=_call_check(rank, machines, devices))
+                          check=_kept_check(rank, machines, devices))
     return rec, t, ctx
 
 
@@ -425,10 +455,11 @@ def _trace_one(numel: int, rank: int, op: str, machines: int = 2,
 @pytest.mark.parametrize("op", ["sum", "avg"])
 def test_a_one_slice_call_traces_as_three_groups_on_the_flag_stream(op: str) -> None:
     """The one-slice plan recorded for the native issuer: after the job's entry, on the
-    stream whose flag ends the job, the check's put, the reduce-scatter, one group for
-    the rail (chunk, the n mod D tail on the world communicator, the check's rail hop;
-    nested groups recorded as one, which the program validator requires), AVG's
-    division as launches, the all-gather with the check's machine hop, the verdict.
+    stream whose flag ends the job, the reduce-scatter, one group for the rail (chunk,
+    the n mod D tail on the world communicator, the check's rail hop from words written
+    when traced, on the chunk's communicator; nested groups recorded as one, which the
+    program validator requires), AVG's division as launches, the all-gather with the
+    check's machine hop, the verdict.
     Each instruction names the stage its failure would name; the program does not
     depend on the tensor's address."""
     numel, devices, rank = 2 * 5000 + 1, 2, 1
@@ -438,32 +469,34 @@ def test_a_one_slice_call_traces_as_three_groups_on_the_flag_stream(op: str) -> 
     code = [struct.unpack("<9q", bytes(rec.code[i:i + 72])) for i in range(0, len(rec.code), 72)]
     order = [names[c[0]] for c in code]
     divide = ["launch", "launch"] if op == "avg" else []  # the chunk, then the tail
-    assert order == ["wait_event", "launch", "group_start", "reduce_scatter", "group_end",
+    assert order == ["wait_event", "group_start", "reduce_scatter", "group_end",
                      "group_start", "all_reduce", "all_reduce", "all_reduce", "group_end",
                      *divide, "group_start", "all_gather", "all_reduce", "group_end",
                      "launch", "write_flag"], order
     stages = schedule.active_stages(devices)
     flag_stream = 100 + schedule.STAGES.index(stages[-1])
     assert code[0][3:5] == (flag_stream, 0)  # the wait for the job's own entry event
-    by_stage = {"reduce_scatter": [3], "collect": [6, 7, 8],
+    by_stage = {"reduce_scatter": [2], "collect": [5, 6, 7],
                 "all_gather": [len(order) - 5, len(order) - 4]}
     for stage, where in by_stage.items():
         assert {code[i][1] for i in where} == {stages.index(stage)}, (stage, where)
     streams = {"reduce_scatter": 8, "all_reduce": 8, "all_gather": 8}  # a5: the stream
     assert {c[streams[names[c[0]]]] for c in code if names[c[0]] in streams} == {flag_stream}
     k = numel // devices
-    rs = code[3]  # send = the body at offset 0, recv = row `rank` of it, both relative
+    rs = code[2]  # send = the body at offset 0, recv = row `rank` of it, both relative
     assert rs[2] & 0b110 == 0b110 and (rs[4], rs[5], rs[6]) == (0, rank * k * 4, k)
-    rail, tail = code[6], code[7]
+    rail, tail, hop = code[5], code[6], code[7]
     assert (rail[4], rail[6]) == (rank * k * 4, k) and (tail[4], tail[6]) == (k * devices * 4, 1)
+    assert rail[3] == hop[3] != tail[3]  # the check's hop on the chunk's communicator
+    _assert_reads_kept_words(hop, _native.OPS)
     if op == "avg":  # the add kernel on the chunk (relative) with no rows (nrows 0)
-        first = code[10]
+        first = code[9]
         args = [struct.unpack("<2q", bytes(rec.args[16 * (first[6] + j):16 * (first[6] + j + 1)]))
                 for j in range(first[7])]
         assert args[0] == (8 | 1 << 8, rank * k * 4) and args[2][1] == k and args[3][1] == 0, args
     again, _ = _trace_one(numel, rank, op)  # a new tensor, elsewhere (t is alive)
     assert again.base != rec.base == t.data_ptr()
-    assert bytes(again.code) == bytes(rec.code) and bytes(again.args) == bytes(rec.args)
+    assert _but_words(again) == _but_words(rec) and bytes(again.args) == bytes(rec.args)
 
 
 def _trace_compressed(numel: int, rank: int, op: str, feedback: bool, machines: int = 2,
@@ -594,7 +627,7 @@ def test_traces_with_the_real_kernel_arguments_validate(machines, devices, wire)
     counts = rec.program().counts()
     parts = sum(1 for p in plans if p.k) + (plans[-1].tail > 0)
     per_part = 3 if wire is not None else 1  # narrow, add_wire, widen; else add
-    assert counts["launch"] == per_part * parts + 2, counts  # and the end check's two
+    assert counts["launch"] == per_part * parts + 1, counts  # and the end check's verdict
     assert counts["all_reduce"] == (devices > 1) + (machines > 1), counts  # its hops
     peers = machines - 1
     gathered = wire is None  # diffuse: one all-gather along the rail, else p2p (transport)

@@ -23,6 +23,7 @@ the host compares at once and the call raises.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -73,6 +74,41 @@ class DeviceCallCheck:
         largest, smallest, own = (int(v) for v in self._seen[1:])
         return signature.disagreement(largest, smallest, own) or \
             "the end-of-call check reported a mismatch it could not decode"
+
+
+class KeptWords(DeviceCallCheck):
+    """The check as a traced program holds it (recording.trace). A program's signature
+    is the same at every replay, so its words are written once, when it is traced, into
+    memory kept with the program (``make``, ``keep``), and the put is not part of the
+    program: a kernel launch less per call, a sizeable share of a replayed call's host
+    time (results 2026-11-27-h100x2-one-path). The exchanges and the verdict are the
+    communicator's check's (its ``got`` and report)."""
+
+    def __init__(self, check: DeviceCallCheck, make: Callable[[int], torch.Tensor],
+                 keep: list[torch.Tensor]) -> None:
+        super().__init__(check.hops, check.words, check.got, check._report,
+                         check._report_pointer)
+        self._make, self._keep = make, keep
+
+    def put(self, ctx: CallContext, own: int, stream: int) -> None:
+        self.words = self._make(own)
+        self._keep.append(self.words)
+
+
+def written_words(own: int, device: torch.device,
+                  readers: Iterable[torch.cuda.Stream]) -> torch.Tensor:
+    """[own, ~own] in new device memory, written on a stream of its own and waited for
+    here, once per traced program, so that every stream may read it from then on
+    without an event; ``readers``, the streams that will read it, are recorded, so that
+    its memory is not reused while a replay still reads it."""
+    side = torch.cuda.Stream(device)
+    with torch.cuda.stream(side):
+        words = torch.full((2,), own, dtype=torch.int64, device=device)
+        words[1].fill_(~own)
+    side.synchronize()  # a wait on two fills of our own, never on the caller's work
+    for stream in readers:
+        words.record_stream(stream)
+    return words
 
 
 def hops(devices: int, machines: int) -> tuple[str, ...]:

@@ -195,7 +195,7 @@ class NativeIssuer:
             return None
         if len(self._programs) >= _PROGRAMS:
             del self._programs[next(iter(self._programs))]  # the oldest traced
-        keep: list[torch.Tensor] = []  # a compressed program's work buffers
+        keep: list[torch.Tensor] = []  # what the program points into (recording.trace)
         program = recording.trace(self.res, self.wire, self.stages, t, op, make_ctx(), route,
                                   keep)
         self._programs[key] = (program, keep)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ringreduce.errors import RingReduceError
-from ringreduce.execution import compressed, nccl, one_slice
+from ringreduce.execution import call_check, compressed, nccl, one_slice
 from ringreduce.execution.pipeline import run_waves
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import schedule
@@ -237,11 +237,13 @@ def walk_compressed(t: torch.Tensor, op: str, ctx: CallContext, stages: Sequence
 
 
 def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Tensor,
-          op: str, ctx: CallContext, route: str | compressed.Spec = "",
-          keep: list[torch.Tensor] | None = None) -> Any:
+          op: str, ctx: CallContext, route: str | compressed.Spec,
+          keep: list[torch.Tensor]) -> Any:
     """The program of this call: its plan walked against recording collaborators
-    (``route``: "" the pipeline, ONE_SLICE, or a compressed.Spec, whose work buffers
-    go into ``keep``); nothing is issued."""
+    (``route``: "" the pipeline, ONE_SLICE, or a compressed.Spec); the memory it points
+    into beyond the tensor and the communicator's (a compressed call's work buffers, the
+    end-of-call check's words) goes into ``keep``, which must live as long as the
+    program. Nothing is issued."""
     topo = res.topo
     rec = Recorder(t.data_ptr(), t.numel() * t.element_size(), stages)
     kernels = copy.copy(res.kernels)
@@ -250,10 +252,14 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
     ctx.sync = RecordedStreams(res.sync, rec)
     transport = res.transport
     calls, comms = RecordedNccl(rec), transport.comms
+    if ctx.check is not None:  # its words written once, now: no put per replay
+        readers = list(res.sync.streams.values())
+        ctx.check = call_check.KeptWords(
+            ctx.check, lambda own: call_check.written_words(own, res.device, readers), keep)
     if isinstance(route, compressed.Spec):
         ctx.transport = StagedTransport(rec, {}, topo, comms, kernels, calls=calls,
                                         gathers=transport.gathers)
-        walk_compressed(t, op, ctx, stages, route, [] if keep is None else keep)
+        walk_compressed(t, op, ctx, stages, route, keep)
     elif route == ONE_SLICE:
         ctx.transport = StagedTransport(rec, one_slice.STAGE_OF_GROUP, topo, comms, kernels,
                                         calls=calls, gathers=transport.gathers)

@@ -3,7 +3,8 @@
 ringreduce.safety.signature says what is compared and why. The step loop issues the
 steps in the wave that carries the last slice's last stage, on that stage's stream:
 
-  before the group     put       words = [s, ~s]
+  before the group     put       words = [s, ~s] (a traced program: written once, when
+                                 traced, into words of its own: KeptWords)
   in the group         exchange  got = MAX of words over the first hop's ranks
   after it, one group  exchange  got = MAX of got over the next hop's ranks, if any
   each
@@ -12,7 +13,9 @@ steps in the wave that carries the last slice's last stage, on that stage's stre
 The hops (``hops``) cover every rank: inside the machine on the all_gather
 communicator, then along the rail on the diffuse one (a rail's ranks then hold every
 machine's maximum, so every rank holds the world's); one of the two when there is one
-device per machine or one machine. The CPU path uses its world gloo group.
+device per machine or one machine. The one-slice plan takes the rail hop first, in its
+rail group on the chunk's communicator (one_slice.py). The CPU path uses its world gloo
+group.
 
 Everything the check touches lives on that one stream, so consecutive calls never
 race on the two buffers. On CUDA, ``verify`` is a kernel that writes a mismatch into

@@ -26,7 +26,7 @@ the host compares at once and the call raises.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -98,19 +98,15 @@ class KeptWords(DeviceCallCheck):
         self._keep.append(self.words)
 
 
-def written_words(own: int, device: torch.device,
-                  readers: Iterable[torch.cuda.Stream]) -> torch.Tensor:
-    """[own, ~own] in new device memory, written on a stream of its own and waited for
-    here, once per traced program, so that every stream may read it from then on
-    without an event; ``readers``, the streams that will read it, are recorded, so that
-    its memory is not reused while a replay still reads it."""
-    side = torch.cuda.Stream(device)
-    with torch.cuda.stream(side):
-        words = torch.full((2,), own, dtype=torch.int64, device=device)
+def written_words(own: int, stream: torch.cuda.Stream) -> torch.Tensor:
+    """[own, ~own] in new device memory, made and written on ``stream``: every read of
+    the check's words (put's reader, the first hop) is on the last stage's stream, whatever
+    the route (one slice, compressed, the pipeline's end check), so that stream's order
+    puts the write before every replay's read, and the allocator reuses the memory only
+    after the last of them. No host wait."""
+    with torch.cuda.stream(stream):
+        words = torch.full((2,), own, dtype=torch.int64, device=stream.device)
         words[1].fill_(~own)
-    side.synchronize()  # a wait on two fills of our own, never on the caller's work
-    for stream in readers:
-        words.record_stream(stream)
     return words
 
 

@@ -253,9 +253,9 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
     transport = res.transport
     calls, comms = RecordedNccl(rec), transport.comms
     if ctx.check is not None:  # its words written once, now: no put per replay
-        readers = list(res.sync.streams.values())
+        last = res.sync.streams[stages[-1]]
         ctx.check = call_check.KeptWords(
-            ctx.check, lambda own: call_check.written_words(own, res.device, readers), keep)
+            ctx.check, lambda own: call_check.written_words(own, last), keep)
     if isinstance(route, compressed.Spec):
         ctx.transport = StagedTransport(rec, {}, topo, comms, kernels, calls=calls,
                                         gathers=transport.gathers)

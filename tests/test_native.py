@@ -342,7 +342,9 @@ def _assert_reads_kept_words(exchange: tuple[int, ...], ops: dict[str, int]) -> 
     """The check's first hop sends a kept [own, ~own], at its absolute address (the
     all_reduce's send argument, not relative: bit 1 of its flags clear)."""
     assert exchange[0] == ops["all_reduce"] and not exchange[2] & 0b10, exchange
-    words = next(w for w in _KEPT if w.data_ptr() == exchange[4])
+    kept = [w for w in _KEPT if w.data_ptr() == exchange[4]]
+    assert len(kept) == 1, "the first hop does not send a kept check's words"
+    words = kept[0]
     assert int(words[1]) == ~int(words[0]) and int(words[0]) != 0, words
 
 

@@ -513,19 +513,20 @@ def test_a_communicator_shared_by_a_stage_pair_is_aborted_and_polled_once() -> N
     assert distinct(separate) == separate
 
 
-@pytest.mark.parametrize(("route", "last", "want"), [
+@pytest.mark.parametrize(("route", "last", "want", "one_stream"), [
     ("hierarchical", "all_gather", [(s, s) for s in ("reduce_scatter", "collect", "add",
-                                                     "diffuse", "all_gather")]),
-    ("one-slice", "all_gather", [("one-slice", "all_gather")]),
-    ("compressed int8", "all_gather", [("compressed int8", "all_gather")]),
-    ("flat", "flat", [("flat", "flat")]),
-    ("flat", "", [("flat", "caller")]),
-    ("", "", [("flat", "caller")]),  # an empty tensor: nothing issued
+                                                     "diffuse", "all_gather")], False),
+    ("one-slice", "all_gather", [("one-slice", "all_gather")], True),
+    ("compressed int8", "all_gather", [("compressed int8", "all_gather")], True),
+    ("flat", "flat", [("flat", "flat")], False),
+    ("flat", "", [("flat", "caller")], False),
+    ("", "", [("flat", "caller")], False),  # an empty tensor: nothing issued
 ])
 def test_what_the_watchdog_waits_on_for_each_route(route: str, last: str,
-                                                   want: list[tuple[str, str]]) -> None:
+                                                   want: list[tuple[str, str]],
+                                                   one_stream: bool) -> None:
     """A call's ends (execution/issue.py): every stage of the pipeline, named by its
     stage; one stream for the rest, named by the route where the call is hierarchical
     on one stream (one slice, compressed: every rank is a peer there), else flat."""
     assert issue._stage_ends(last, 2, route) == want
-    assert issue._one_stream(route) == (route == "one-slice" or route.startswith("compressed"))
+    assert issue._one_stream(route) == one_stream

@@ -36,7 +36,8 @@
 #            (the wire reaches the hook as RINGREDUCE_WIRE, empty: none, the hook-<wire>
 #            modes carry their own; the topology MxD, default 2x2);
 #            15 s before a set's limit every rank prints its threads' stacks (kill -USR1),
-#            so a set that does not end says where it stood
+#            so a set that does not end says where it stood; TRAIN_ALGO replaces the
+#            tree (empty: NCCL's own choice), TRAIN_EXTRA adds dlrm.py arguments
 #   fsdp     FSDP2 training of the transformer (issue 38, benchmarks/fsdp.py) on the faithful
 #            capped 2x2: plain FSDP2 and native HSDP on NCCL against ringreduce's
 #            reduce-scatter and custom-HSDP replicate all-reduce, fp32 and int8, fsdp-nccl at
@@ -257,9 +258,10 @@ train)
     [ -n "${TRAIN_TARGET:-}" ] && A+=(--target-loss "$TRAIN_TARGET")
     ( sleep $((limit - 15)); pkill -USR1 -f "python[0-9.]* /\S*benchmarks/dlrm.py" ) &
     dumper=$!
-    step "train_$name" "$limit" env RINGREDUCE_WIRE="$wire" NCCL_ALGO=allreduce:tree $E_ALL \
+    algo=${TRAIN_ALGO-allreduce:tree}
+    step "train_$name" "$limit" env RINGREDUCE_WIRE="$wire" ${algo:+NCCL_ALGO=$algo} $E_ALL \
       --machines "${topo%x*}" --gpus-per-machine "${topo#*x}" $CAP --script benchmarks/dlrm.py \
-      -- --modes "$modes" \
+      -- --modes "$modes" ${TRAIN_EXTRA:-} \
       "${A[@]}" --seed "${seed:-0}" --seeds "${seeds:-1}" --json "$W/train_$name.json" \
       ${PLOT[@]+"${PLOT[@]}" "$W/train_$name.png"}
     kill "$dumper" 2>/dev/null; wait "$dumper" 2>/dev/null

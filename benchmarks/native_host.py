@@ -24,7 +24,6 @@ import argparse
 import cProfile
 import io
 import itertools
-import os
 import pstats
 import resource
 import statistics
@@ -234,7 +233,8 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
     """What a one-slice call and DDP's hook are made of, each timed alone (``--pieces``),
     on ``comm`` (one slice, native issuer): our NCCL binding's own all-reduce (one
     launch) and the one-slice plan's three collectives issued from Python without
-    events or check (the floor of any issuer of three groups); the native replay of
+    events or check (the floor of any issuer of three groups), then each of the three
+    alone (which launch costs what: the rail's goes to the network); the native replay of
     the traced program alone; a CUDA-aware Future, made and completed on a stream;
     torch's ``allreduce_hook`` body (divide, all-reduce, ``then``) against ours. Values
     are not checked here (they grow): only host time. The 16 MiB probe and two calls
@@ -278,6 +278,10 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
     return {
         "p:nccl1 sync": lambda: transport.all_reduce_on("world", junk, "sum", caller()),
         "p:nccl3 sync": three_groups,
+        "p:rs sync": lambda: transport.reduce_scatter_into("reduce_scatter", body, chunk, "sum",
+                                                           caller()),
+        "p:rail sync": lambda: transport.all_reduce_on("collect", chunk, "sum", caller()),
+        "p:ag sync": lambda: transport.all_gather_into("all_gather", chunk, body, caller()),
         "p:replay sync": replay,
         "p:future async": lambda: torch.futures.Future(devices=[device]),
         "p:fut+set async": future_set,
@@ -337,10 +341,10 @@ def main() -> None:
                    help="also time a one-slice call's and DDP's hook's parts alone (pieces(); "
                         "needs the way native/one)")
     args = p.parse_args()
-    if "NCCL_HOSTID" in os.environ and "RANK" in os.environ:
-        # Ranks sharing one GPU need a host id each (NCCL refuses a duplicate GPU per
-        # host, FINDINGS.md "One GPU, many ranks"); the machines come from --machines.
-        os.environ["NCCL_HOSTID"] += f"-rank{os.environ['RANK']}"
+    # NCCL_HOSTID is emulate.py's (emulate.host_id): one host per virtual machine, so
+    # that a machine's ranks reach each other over NVLink as on real machines; a host
+    # per rank only where a machine's ranks share a GPU. Never a host per rank here:
+    # that moved the intra-machine stages onto sockets.
     run_ranks(lambda launch, device: rank_body(launch, device, args.size, args.calls,
                                                args.machines,
                                                args.ways + [f"native/{x}" for x in args.slices],

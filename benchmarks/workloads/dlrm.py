@@ -137,6 +137,8 @@ def train_mode(mode: str, opts: Options, seed: int, work: Workload, batches: lis
                 calls_timed = comm.op_number if comm else 0
                 clock.on = True
             losses[step] = work.step(ddp, batch, optimizer, schedule)
+            if opts.read_loss:
+                losses[step].item()  # the host waits for this step (--read-loss)
         seconds = torch.tensor([synchronized(device, groups.plain) - start], device=device)
         calls, timed_calls, described = (
             (comm.op_number - calls_before, comm.op_number - calls_timed, comm.describe())

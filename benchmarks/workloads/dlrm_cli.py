@@ -159,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"{', '.join(f'{v:g} ({k})' for k, v in DEFAULT_LR.items())}")
     add_learning_arguments(p, d)
     add("--bucket-mb", type=float, default=d.bucket_mb, help="DDP bucket_cap_mb")
+    add("--read-loss", action="store_true",
+        help="read each step's loss on the host, as a loop that logs it every step: the "
+             "host then waits for each step, so a hook's host time is its own, not the "
+             "wait of a host that ran ahead of a network-bound device (default: losses "
+             "stay on the device until the end)")
     add("--machines", type=int, help="virtual machines of hook and backend modes; "
         "default: from host ids (2 for standalone CPU runs)")
     add("--min-bytes", type=int, help="min_bytes of hook and backend modes' engines")
@@ -233,7 +238,8 @@ def options(args: argparse.Namespace, cuda: bool) -> Options:
                        issuer=args.issuer,
                        model=args.model, transformer=transformer,
                        powersgd_rank=args.powersgd_rank, powersgd_start=args.powersgd_start,
-                       seeds=args.seeds, target_loss=args.target_loss)
+                       seeds=args.seeds, target_loss=args.target_loss,
+                       read_loss=args.read_loss)
     except ValueError as e:
         raise SystemExit(f"{e} (--powersgd-rank, --powersgd-start, --seeds, --target-loss)") \
             from None

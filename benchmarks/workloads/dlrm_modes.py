@@ -62,6 +62,7 @@ class Options:
     powersgd_start: int = 10  # PowerSGDState(start_powerSGD_iter=...)
     seeds: int = 1  # nccl also runs at seed + 1 .. seed + seeds - 1
     target_loss: float | None = None
+    read_loss: bool = False  # the host reads each step's loss, as a loop logging it does
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:

@@ -235,7 +235,9 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
     launch) and the one-slice plan's three collectives issued from Python without
     events or check (the floor of any issuer of three groups), then each of the three
     alone (which launch costs what: the rail's goes to the network); the native replay of
-    the traced program alone; a CUDA-aware Future, made and completed on a stream;
+    the traced program alone, then with what the native issuer adds to it for a
+    synchronous and an asynchronous call (``native.issue``); a CUDA-aware Future,
+    made and completed on a stream;
     torch's ``allreduce_hook`` body (divide, all-reduce, ``then``) against ours. Values
     are not checked here (they grow): only host time. The 16 MiB probe and two calls
     have traced the program of this size."""
@@ -243,6 +245,7 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
 
     from ringreduce.execution import streams
     from ringreduce.plan.slicing import ONE_SLICE
+    from ringreduce.safety.flight import Record
 
     res = comm._res
     native, transport, topo = res.native, res.transport, res.topo
@@ -270,6 +273,16 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
         s = caller()
         native.worker.stream_wait(s, native.worker.run(program, junk.data_ptr(), s, 0))
 
+    def issue(async_op: bool) -> object:
+        """native.issue alone: what the native issuer adds to the replay for a
+        synchronous or an asynchronous call (its Future, the done stream's wait), without
+        the Communicator's and issue.py's layers above it."""
+        record = Record(0, junk.numel(), str(junk.dtype), "sum", ONE_SLICE)
+        return native.issue(next(ring) if async_op else junk, program, async_op, record, 0,
+                            ONE_SLICE)[0]
+
+    ring = itertools.cycle([base.clone() for _ in range(BUCKETS)])
+
     def future_set() -> object:
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[device])
         streams.complete_on(native.done, fut, junk)
@@ -283,6 +296,8 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
         "p:rail sync": lambda: transport.all_reduce_on("collect", chunk, "sum", caller()),
         "p:ag sync": lambda: transport.all_gather_into("all_gather", chunk, body, caller()),
         "p:replay sync": replay,
+        "p:issue sync": lambda: issue(False),
+        "p:issue async": lambda: issue(True),
         "p:future async": lambda: torch.futures.Future(devices=[device]),
         "p:fut+set async": future_set,
         "p:torchhook async": lambda: default_hooks._allreduce_fut(None, junk),

@@ -236,7 +236,8 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
     events or check (the floor of any issuer of three groups), then each of the three
     alone (which launch costs what: the rail's goes to the network); the native replay of
     the traced program alone, then with what the native issuer adds to it for a
-    synchronous and an asynchronous call (``native.issue``); a CUDA-aware Future,
+    synchronous and an asynchronous call (``native.issue``), and the replay followed by
+    each part an asynchronous call adds (p:r+...); a CUDA-aware Future,
     made and completed on a stream;
     torch's ``allreduce_hook`` body (divide, all-reduce, ``then``) against ours. Values
     are not checked here (they grow): only host time. The 16 MiB probe and two calls
@@ -269,9 +270,26 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
         transport.all_reduce_on("collect", chunk, "sum", s)
         transport.all_gather_into("all_gather", chunk, body, s)
 
-    def replay() -> None:
+    def replay() -> int:
         s = caller()
-        native.worker.stream_wait(s, native.worker.run(program, junk.data_ptr(), s, 0))
+        seq = native.worker.run(program, junk.data_ptr(), s, 0)
+        native.worker.stream_wait(s, seq)
+        return int(seq)
+
+    def replay_then(*after: Callable[[int], object]) -> Callable[[], None]:
+        """The replay, then ``after``'s parts of an asynchronous call, each given the
+        job: which of them costs what once a job was just issued."""
+        def run() -> None:
+            seq = replay()
+            for part in after:
+                part(seq)
+        return run
+
+    def wait_done(seq: int) -> None:
+        native.worker.stream_wait(native.done.cuda_stream, seq)
+
+    def future_on_done(seq: int) -> None:
+        streams.complete_on(native.done, torch.futures.Future(devices=[device]), junk)
 
     def issue(async_op: bool) -> object:
         """native.issue alone: what the native issuer adds to the replay for a
@@ -297,6 +315,11 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
         "p:ag sync": lambda: transport.all_gather_into("all_gather", chunk, body, caller()),
         "p:replay sync": replay,
         "p:issue sync": lambda: issue(False),
+        "p:r+wait sync": replay_then(wait_done),
+        "p:r+stream sync": replay_then(lambda seq: junk.record_stream(native.done)),
+        "p:r+fut sync": replay_then(future_on_done),
+        "p:r+all sync": replay_then(lambda seq: junk.record_stream(native.done), wait_done,
+                                    future_on_done),
         "p:issue async": lambda: issue(True),
         "p:future async": lambda: torch.futures.Future(devices=[device]),
         "p:fut+set async": future_set,

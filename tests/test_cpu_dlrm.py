@@ -124,14 +124,15 @@ def test_hook_modes_time_every_hook_call_of_the_timed_steps() -> None:
 def test_dlrm_command_line_runs() -> None:
     """`python benchmarks/dlrm.py --device cpu ...`: spawns 4 ranks, runs the three
     modes (the default group on the ringreduce backend), torch's bf16 hook and the hook
-    with its own wire (hook-int8), nccl at a second seed, prints the table with the
-    floor, the target and nccl's spread over the seeds, writes them to the JSON."""
+    with its own wire (hook-int8), nccl at a second seed, the host reading each step's
+    loss (--read-loss), prints the table with the floor, the target and nccl's spread
+    over the seeds, writes them to the JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "dlrm.json"
         cmd = [sys.executable, "benchmarks/dlrm.py", "--device", "cpu",
                "--modes", "nccl,hook,backend,bf16-hook,hook-int8", "--tables", "3", "--rows", "50",
                "--dim", "8", "--batch", "32", "--steps", "8", "--warmup", "1", "--lr", "0.01",
-               "--min-bytes", "0", "--seeds", "2", "--json", str(out)]
+               "--min-bytes", "0", "--seeds", "2", "--read-loss", "--json", str(out)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                               cwd=Path(__file__).resolve().parent.parent)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -139,6 +140,7 @@ def test_dlrm_command_line_runs() -> None:
     assert "max|dloss| vs nccl" in done.stdout and "# loss floor " in done.stdout, done.stdout
     assert "# nccl over seeds [0, 1]: final loss " in done.stdout, done.stdout
     assert report["meta"]["world_size"] == 4
+    assert report["meta"]["options"]["read_loss"] is True  # the host read each step's loss
     runs = report["runs"]
     assert [(r["mode"], r["seed"]) for r in runs] == [
         ("nccl", 0), ("hook", 0), ("backend", 0), ("bf16-hook", 0), ("hook-int8", 0),

@@ -237,7 +237,8 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
     alone (which launch costs what: the rail's goes to the network); the native replay of
     the traced program alone, then with what the native issuer adds to it for a
     synchronous and an asynchronous call (``native.issue``), and the replay followed by
-    each part an asynchronous call adds (p:r+...); a CUDA-aware Future,
+    what an asynchronous call adds, at once or after 150 µs, or by a tiny kernel's
+    launch (p:r+...: whether CUDA calls cost more right after a job); a CUDA-aware Future,
     made and completed on a stream;
     torch's ``allreduce_hook`` body (divide, all-reduce, ``then``) against ours. Values
     are not checked here (they grow): only host time. The 16 MiB probe and two calls
@@ -276,35 +277,36 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
         native.worker.stream_wait(s, seq)
         return int(seq)
 
-    def replay_then(*after: Callable[[int], object]) -> Callable[[], None]:
-        """The replay, then ``after``'s parts of an asynchronous call, each given the
-        job: which of them costs what once a job was just issued."""
+    def replay_then(*after: Callable[[], object]) -> Callable[[], None]:
+        """The replay, then ``after``: what a CUDA call costs right after a job was
+        issued, against the same call alone."""
         def run() -> None:
-            seq = replay()
+            replay()
             for part in after:
-                part(seq)
+                part()
         return run
 
-    def wait_done(seq: int) -> None:
-        native.worker.stream_wait(native.done.cuda_stream, seq)
+    def future_on_last() -> object:
+        """What an asynchronous call adds to the replay: a Future completed on the
+        stream the job ends on (native.issue)."""
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[device])
+        streams.complete_on(native.last, fut, junk)
+        return fut
 
-    def future_on_done(seq: int) -> None:
-        streams.complete_on(native.done, torch.futures.Future(devices=[device]), junk)
+    def spin(seconds: float = 150e-6) -> None:
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            pass
 
     def issue(async_op: bool) -> object:
         """native.issue alone: what the native issuer adds to the replay for a
-        synchronous or an asynchronous call (its Future, the done stream's wait), without
+        synchronous or an asynchronous call (its Future, on the stream the job ends on), without
         the Communicator's and issue.py's layers above it."""
         record = Record(0, junk.numel(), str(junk.dtype), "sum", ONE_SLICE)
         return native.issue(next(ring) if async_op else junk, program, async_op, record, 0,
                             ONE_SLICE)[0]
 
     ring = itertools.cycle([base.clone() for _ in range(BUCKETS)])
-
-    def future_set() -> object:
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[device])
-        streams.complete_on(native.done, fut, junk)
-        return fut
 
     return {
         "p:nccl1 sync": lambda: transport.all_reduce_on("world", junk, "sum", caller()),
@@ -315,14 +317,14 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
         "p:ag sync": lambda: transport.all_gather_into("all_gather", chunk, body, caller()),
         "p:replay sync": replay,
         "p:issue sync": lambda: issue(False),
-        "p:r+wait sync": replay_then(wait_done),
-        "p:r+stream sync": replay_then(lambda seq: junk.record_stream(native.done)),
-        "p:r+fut sync": replay_then(future_on_done),
-        "p:r+all sync": replay_then(lambda seq: junk.record_stream(native.done), wait_done,
-                                    future_on_done),
+        "p:r+fut sync": replay_then(future_on_last),
+        "p:r+spin+fut sync": replay_then(spin, future_on_last),
+        "p:r+spin sync": replay_then(spin),
+        "p:r+launch sync": replay_then(lambda: junk[:1].zero_()),
+        "p:launch sync": lambda: junk[:1].zero_(),
         "p:issue async": lambda: issue(True),
         "p:future async": lambda: torch.futures.Future(devices=[device]),
-        "p:fut+set async": future_set,
+        "p:fut+set async": future_on_last,
         "p:torchhook async": lambda: default_hooks._allreduce_fut(None, junk),
         "p:ourhook async": lambda: comm._hook_all_reduce(junk),
     }

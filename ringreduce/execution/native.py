@@ -18,10 +18,11 @@ The rules it keeps, each because breaking it deadlocks:
   kernels, which looks like a device hang.
 * A stream waits only on issued work: the program records an entry event on the
   caller's stream first; its last instruction writes the call's number into a flag in
-  host memory (what the watchdog polls) and records the job's done event, which the
-  stream that must follow the result waits for only once the job is issued (after run
-  returned). A stream waiting on work nobody has enqueued yet blocks any context-wide
-  synchronisation (e.g. CUDA loading a kernel lazily), and so the issuer.
+  host memory (what the watchdog polls) and records the job's done event, which a
+  synchronous call's stream waits for only once the job is issued (after run
+  returned); an asynchronous call's Future then records its own event on that last
+  stream, after the job. A stream waiting on work nobody has enqueued yet blocks any
+  context-wide synchronisation (e.g. CUDA loading a kernel lazily), and so the issuer.
 
 On failure, the watchdog watches each call through ``Completion`` (the flag reached
 ``seq``), one per active stage as for Python-issued calls (the device does not say which
@@ -155,9 +156,9 @@ class NativeIssuer:
         last = self.stages[-1]
         self.worker = module.Issuer(_LIBCUDA, libnccl, res.sync.handle(last))
         self.libnccl = libnccl
-        self.done = torch.cuda.Stream(res.device, priority=-1)
-        """Asynchronous calls' Futures complete on it, after it waited for their job."""
-        self._done_handle = self.done.cuda_stream
+        self.last = res.sync.streams[last]
+        """Where every job ends (its flag and done event): asynchronous calls' Futures
+        complete on it, right after their job."""
         self._index = res.device.index
         self._raw_stream = _raw_stream_lookup()
         self._programs: dict[tuple[Any, ...], tuple[Any, list[torch.Tensor]]] = {}
@@ -169,8 +170,7 @@ class NativeIssuer:
         """Which of the communicator's streams still have work queued (cudaStreamQuery,
         host side, nothing waits): for a deadline error, where on the device a call is
         stuck, e.g. the rail streams of two ranks busy on different jobs."""
-        streams = dict(self.res.sync.streams) | {"done": self.done}
-        busy = [name for name, stream in streams.items() if not stream.query()]
+        busy = [name for name, stream in self.res.sync.streams.items() if not stream.query()]
         return f"streams busy: {', '.join(busy) or 'none'}"
 
     def program(self, t: torch.Tensor, op: str, make_ctx: Callable[[], Any],
@@ -233,8 +233,10 @@ class NativeIssuer:
             self.worker.stream_wait(caller, seq)
             return None, ends
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[t.device])
-        t.record_stream(self.done)  # the done stream is the tensor's last user here
-        self._complete_after(seq, fut, t)
+        # The job is on the last stage's stream now (issued on this thread, under the
+        # issue lock): the tensor's last user, where the Future's event follows the job.
+        t.record_stream(self.last)
+        complete_on(self.last, fut, t)
         return fut, ends
 
     def _raise_if_refused(self, seq: int, record: Record) -> None:
@@ -242,13 +244,6 @@ class NativeIssuer:
         error = self.worker.error()
         if error is not None and error[0] <= seq:
             raise RingReduceError(self.failure_text(record))
-
-    def _complete_after(self, seq: int, fut: torch.futures.Future[torch.Tensor],
-                        t: torch.Tensor) -> None:
-        """Complete ``fut`` on the done stream after it waited for issued job ``seq``, so
-        ``wait()`` orders the waiter's stream after the result, not after the caller's."""
-        self.worker.stream_wait(self._done_handle, seq)
-        complete_on(self.done, fut, t)  # the Future records its event after the wait
 
     def failure_text(self, record: Record | None = None) -> str:
         """The issuer's first failure, naming its stage and peers, and ``record``'s

@@ -377,6 +377,7 @@ def _trace(numel: int, rank: int, machines: int = 2, devices: int = 2,
     check = _kept_check(rank, machines, devices)
     ctx = SimpleNamespace(topo=topo, buffers=buffers, kernels=kernels, wire=wire, record=None,
                           op_number=1, sync=recording.RecordedStreams(real, rec), check=check,
+                          recording=True,
                           transport=NcclTransport(topo, comms, kernels if real_kernels else None,
                                                   calls=recording.RecordedNccl(rec)))
     run_waves(waves, t, plans, "sum", ctx)
@@ -438,6 +439,7 @@ def _one_stream_context(numel: int, rank: int, machines: int, devices: int,
                                           calls=recording.RecordedNccl(rec))
     ctx = SimpleNamespace(topo=topo, kernels=kernels, record=None, op_number=1, divisors={},
                           sync=recording.RecordedStreams(real, rec), transport=transport,
+                          recording=True,
                           check=_kept_check(rank, machines, devices))
     return rec, t, ctx
 

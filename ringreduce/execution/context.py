@@ -35,3 +35,6 @@ class CallContext:
         self.record: Record = record
         self.wire: torch.dtype | None = None
         self.check: Any = res.call_check    # call_check.DeviceCallCheck, HostCallCheck or None
+        self.recording: bool = False
+        """Whether the native issuer is tracing this call (recording.trace): work that
+        must land in the program takes the collaborators' way, not a torch op."""

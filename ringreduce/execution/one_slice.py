@@ -82,7 +82,7 @@ def _average(part: torch.Tensor, ctx: CallContext, stream: int | None) -> None:
     with no rows while the native issuer records (recording.py: a torch op would run
     at trace time instead of landing in the program). Both divide in the element
     type, 16-bit types in fp32 and rounded once: the same bits."""
-    if getattr(ctx.kernels, "emit", None) is not None:
+    if ctx.recording:
         ctx.kernels.add(part, part.view(1, -1)[:0], "avg", ctx.topo.world_size, stream)
     else:
         finish_average(part, ctx.topo.world_size, ctx.divisors.get(part.dtype))

@@ -249,6 +249,7 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
     kernels = copy.copy(res.kernels)
     kernels.emit = rec
     ctx.kernels = kernels
+    ctx.recording = True
     ctx.sync = RecordedStreams(res.sync, rec)
     transport = res.transport
     calls, comms = RecordedNccl(rec), transport.comms

@@ -8,7 +8,9 @@ means: issuer, slice size, plan, end-of-call check, diffuse) over the same proce
 and measures in one run:
   * host time of one call on an idle pipeline (the caller's time until the call
     returns), synchronous and ``async_op=True`` (these round BUCKETS tensors, as DDP's
-    buckets: calls on one tensor wait for each other), median of ``--calls`` samples;
+    buckets: calls on one tensor wait for each other), median of ``--calls`` samples,
+    the ways taking turns a call each, and each way's time over NCCL's in the same turn
+    (``idle_host_us``);
   * CPU per call (getrusage of the whole process: every thread, NCCL's proxies
     included) and busy cores over ``--calls`` back-to-back calls, the host waiting for
     the device once at the end;
@@ -62,21 +64,41 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def idle_host_us(call: Callable[[], object], samples: int,
-                 device: torch.device) -> tuple[float, float]:
-    """Medians of the host time of ``call`` with nothing queued before it, and of the
-    calling thread's own CPU time in it (what the call computes, without the time it
-    waits for the GIL, a lock or a core: the rest of the host time)."""
-    times, own = [], []
-    for _ in range(samples):
-        settle(device)
-        dist.barrier()
-        start, cpu = time.perf_counter(), time.thread_time()
-        call()
-        own.append(time.thread_time() - cpu)
-        times.append(time.perf_counter() - start)
-    settle(device)
-    return statistics.median(times) * 1e6, statistics.median(own) * 1e6
+def reference(way: str) -> str:
+    """The way a way's paired ratio divides by: NCCL's own call of the same mode."""
+    return f"nccl {way.rsplit(' ', 1)[1]}"
+
+
+def idle_host_us(ways: dict[str, Callable[[], object]], samples: int,
+                 before: Callable[[], None]) -> dict[str, tuple[float, float, float]]:
+    """Per way, medians over ``samples`` rounds of: the host time of one call with
+    nothing queued before it (``before()`` waits for the device and lines the ranks
+    up), the calling thread's own CPU time in it (what the call computes, without the
+    time it waits for the GIL, a lock or a core), and the call's time over its
+    reference's in the same round (``reference``; nan where the reference is not
+    measured). The ways take turns, one call each a round, starting one further along
+    each round: these hosts drift by tens of µs within a run and by up to 2× between
+    runs, and a way measured after another in a block of its own took the drift alone
+    (results 2026-11-27-x2-host-ids); in turns it falls on every way alike, and the
+    per-round ratio pairs each call with a neighbour in time."""
+    names = list(ways)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    own: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(samples):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            before()
+            start, cpu = time.perf_counter(), time.thread_time()
+            ways[name]()
+            own[name].append(time.thread_time() - cpu)
+            times[name].append(time.perf_counter() - start)
+    rows = {}
+    for name in names:
+        ref = times.get(reference(name))
+        ratio = statistics.median(a / b for a, b in zip(times[name], ref, strict=True)) \
+            if ref else float("nan")
+        rows[name] = (statistics.median(times[name]) * 1e6,
+                      statistics.median(own[name]) * 1e6, ratio)
+    return rows
 
 
 def stream_cost(call: Callable[[], object], calls: int,
@@ -171,16 +193,23 @@ def measure(ways: dict[str, Callable[[], object]], calls: int, device: torch.dev
             say: Say) -> dict[str, tuple[Any, ...]]:
     """Warm every way (its first call goes through Python, the second traces its
     program, a few more settle caches and clocks), then per way:
-    (host idle us, caller's own CPU us in it, stream host us, CPU ms per call, busy
-    cores, wall ms per call, CPU ms per call by thread kind)."""
+    (host idle us, caller's own CPU us in it, idle host time over NCCL's in the same
+    round, stream host us, CPU ms per call, busy cores, wall ms per call, CPU ms per
+    call by thread kind)."""
     for name, call in ways.items():
         for _ in range(5):
             call()
         settle(device)  # one communicator's work at a time across ranks
         say(f"# warm: {name}", flush=True)
+    def before() -> None:
+        settle(device)
+        dist.barrier()
+
+    idle = idle_host_us(ways, calls, before)
+    say("# measured: idle host time, every way in turn", flush=True)
     rows = {}
     for name, call in ways.items():
-        rows[name] = (*idle_host_us(call, calls, device), *stream_cost(call, calls, device))
+        rows[name] = (*idle[name], *stream_cost(call, calls, device))
         say(f"# measured: {name}", flush=True)
     return rows
 
@@ -209,20 +238,22 @@ def report(rows: dict[str, tuple[Any, ...]], profiles: dict[str, cProfile.Profil
         print(f"# cProfile, {calls} {name} calls (cumulative: with callees, all calls):")
         print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
     print(f"# {torch.cuda.get_device_name(device)}, {dist.get_world_size()} ranks, {size} "
-          f"bytes fp32, {calls} samples; host_idle: median host time on an idle pipeline, "
-          f"own_cpu: the calling thread's CPU time in it (median); "
+          f"bytes fp32, {calls} samples; host_idle: median host time on an idle pipeline "
+          f"(every way in turn), own_cpu: the calling thread's CPU time in it (median), "
+          f"vs_nccl: median of host_idle over NCCL's of the same round and mode; "
           f"stream: {calls} back-to-back calls (host per call, CPU per call, busy cores, "
           f"wall per call; speed = NCCL's wall / this way's, same mode)")
-    print(f"{'way':<20} {'host_idle_us':>13} {'own_cpu_us':>11} {'stream_host_us':>15} "
-          f"{'cpu_ms_call':>12} {'busy_cores':>11} {'wall_ms_call':>13} {'speed':>6}")
-    for name, (idle, own, host, cpu, cores, wall, _) in rows.items():
-        speed = rows[f"nccl {name.rsplit(' ', 1)[1]}"][5] / wall
-        print(f"{name:<20} {idle:>13.1f} {own:>11.1f} {host:>15.1f} {cpu:>12.2f} "
-              f"{cores:>11.2f} {wall:>13.2f} {speed:>6.2f}")
+    print(f"{'way':<20} {'host_idle_us':>13} {'own_cpu_us':>11} {'vs_nccl':>8} "
+          f"{'stream_host_us':>15} {'cpu_ms_call':>12} {'busy_cores':>11} "
+          f"{'wall_ms_call':>13} {'speed':>6}")
+    for name, (idle, own, ratio, host, cpu, cores, wall, _) in rows.items():
+        speed = rows[reference(name)][6] / wall
+        print(f"{name:<20} {idle:>13.1f} {own:>11.1f} {ratio:>8.2f} {host:>15.1f} "
+              f"{cpu:>12.2f} {cores:>11.2f} {wall:>13.2f} {speed:>6.2f}")
     print("# where the back-to-back CPU goes: ms per call by thread kind (cores = ms per "
           "call / wall ms per call; NCCL's threads named with NCCL_SET_THREAD_NAME=1)")
     for name, row in rows.items():
-        wall, kinds = row[5], row[6]
+        wall, kinds = row[6], row[7]
         parts = [f"{k} {v:.2f} ({v / wall:.2f})"
                  for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v >= 0.005]
         print(f"#   {name:<20} " + ", ".join(parts))

@@ -54,3 +54,23 @@ def test_reference_is_nccl_of_the_same_mode() -> None:
     reference = _native_host()["reference"]
     assert reference("p:issue async") == "nccl async"
     assert reference("native/one sync") == "nccl sync"
+
+
+def test_report_puts_each_measure_in_its_column(monkeypatch: Any, capsys: Any) -> None:
+    """measure()'s row layout (idle, own, vs_nccl, stream host, CPU, cores, wall, by
+    thread kind) as report() prints it; speed is NCCL's wall over the way's."""
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "GPU")
+    monkeypatch.setattr(dist, "get_world_size", lambda: 4)
+    rows = {"nccl sync": (100.0, 90.0, 1.0, 40.0, 10.0, 2.0, 5.0, {"caller": 5.0}),
+            "p:x sync": (150.0, 140.0, 1.5, 50.0, 7.0, 2.0, 3.5, {"caller": 3.5})}
+    _native_host()["report"](rows, {}, 1 << 20, 64, torch.device("cpu"))
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("way "))
+    assert header.split()[1:] == ["host_idle_us", "own_cpu_us", "vs_nccl", "stream_host_us",
+                                  "cpu_ms_call", "busy_cores", "wall_ms_call", "speed"]
+    # "p:x sync" is two words: its values start at the third
+    values = next(line for line in lines if line.startswith("p:x sync")).split()[2:]
+    assert values == ["150.0", "140.0", "1.50", "50.0", "7.00", "2.00", "3.50", "1.43"], lines

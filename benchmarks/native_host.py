@@ -302,11 +302,9 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
         transport.all_reduce_on("collect", chunk, "sum", s)
         transport.all_gather_into("all_gather", chunk, body, s)
 
-    def replay() -> int:
+    def replay() -> None:
         s = caller()
-        seq = native.worker.run(program, junk.data_ptr(), s, 0)
-        native.worker.stream_wait(s, seq)
-        return int(seq)
+        native.worker.stream_wait(s, native.worker.run(program, junk.data_ptr(), s, 0))
 
     def replay_then(*after: Callable[[], object]) -> Callable[[], None]:
         """The replay, then ``after``: what a CUDA call costs right after a job was
@@ -329,15 +327,15 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
         while time.perf_counter() < until:
             pass
 
+    ring = itertools.cycle([base.clone() for _ in range(BUCKETS)])  # as rank_body's
+
     def issue(async_op: bool) -> object:
         """native.issue alone: what the native issuer adds to the replay for a
-        synchronous or an asynchronous call (its Future, on the stream the job ends on), without
-        the Communicator's and issue.py's layers above it."""
+        synchronous or an asynchronous call (its Future, on the stream the job ends on),
+        without the Communicator's and issue.py's layers above it."""
         record = Record(0, junk.numel(), str(junk.dtype), "sum", ONE_SLICE)
         return native.issue(next(ring) if async_op else junk, program, async_op, record, 0,
                             ONE_SLICE)[0]
-
-    ring = itertools.cycle([base.clone() for _ in range(BUCKETS)])
 
     return {
         "p:nccl1 sync": lambda: transport.all_reduce_on("world", junk, "sum", caller()),

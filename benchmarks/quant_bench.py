@@ -22,6 +22,7 @@ import torch
 
 from ringreduce.defaults import DEFAULT_WIRE_BLOCK
 from ringreduce.execution import compressed, quant
+from ringreduce.execution.feedback import Errors
 from ringreduce.execution.kernels import Kernels
 
 MACHINES = 4
@@ -74,7 +75,7 @@ def cases(kernels: Kernels, name: str, feedback: bool) -> dict[str, tuple[Callab
     packed = fused.packed(MACHINES, k)
     ops.quantize(x.clone(), packed, None)
     residual = torch.zeros_like(x) if feedback else None
-    errors = compressed._Errors(VALUES, name, x, torch.zeros(k, device="cuda")) \
+    errors = Errors(VALUES, name, x, torch.zeros(k, device="cuda")) \
         if feedback else None
     ctx = SimpleNamespace(topo=SimpleNamespace(world_size=8), divisors={})
     extra = 8 if feedback else 0  # a residual value read and written

@@ -29,6 +29,7 @@ from ringreduce.execution import collectives, compressed, compressed_scatter, pr
 from ringreduce.execution.build import build_resources, device_of, group_store, host_of
 from ringreduce.execution.context import CallContext
 from ringreduce.execution.describe import describe, flat_note
+from ringreduce.execution.feedback import FLOATS, Feedback, Spec, call_wire
 from ringreduce.execution.issue import Issuer, untracked
 from ringreduce.execution.resources import Resources
 from ringreduce.plan import slicing
@@ -108,7 +109,7 @@ class Communicator(Calls):
         self._bucket_keys: dict[int, str] = {}
         """The feedback key of each DDP bucket index (_bucket_key)."""
         native = self._res.native  # its programs point into the feedback memory let go
-        self._feedback = compressed.Feedback(None if native is None else native.forget_feedback)
+        self._feedback = Feedback(None if native is None else native.forget_feedback)
         self._op_number = 0
         self._closed = False
         self._calls = threading.RLock()
@@ -146,7 +147,7 @@ class Communicator(Calls):
         self._usable()
         op_name = checks.op_name(op)
         checks.tensor(t, "all_reduce", "t", self._res.device)
-        quantized = compressed.call_wire(self.config, wire, feedback, t, op_name)
+        quantized = call_wire(self.config, wire, feedback, t, op_name)
         if quantized is not None and not self._issuer.route_flat(t):
             return self._compressed(t, op_name, async_op, quantized, feedback)
         return self._call("all_reduce", t, op_name, async_op, t,
@@ -163,10 +164,10 @@ class Communicator(Calls):
             self._res.topo
         k = compressed.padded_row(t.numel(), topo.devices_per_machine, topo.machines, block)
 
-        def spec() -> compressed.Spec:
+        def spec() -> Spec:
             errors = None if feedback is None else self._feedback.errors(
                 feedback, t.numel(), wire, topo.machines, k, t.device)
-            return compressed.Spec(wire, block, errors)
+            return Spec(wire, block, errors)
 
         def on_cpu(rec: Record) -> None:
             s = spec()
@@ -200,7 +201,7 @@ class Communicator(Calls):
         error feedback (``_bucket_key``)."""
         feedback = None
         if bucket is not None and self.config.hook_feedback and \
-                self.config.wire in quant.FORMATS and t.dtype in compressed.FLOATS:
+                self.config.wire in quant.FORMATS and t.dtype in FLOATS:
             feedback = self._bucket_key(bucket)
         if t.dtype in (torch.float16, torch.bfloat16):
             # checked before dividing, so a refused call leaves the bucket untouched
@@ -251,7 +252,7 @@ class Communicator(Calls):
         if wire is None and feedback is not None:
             raise ValueError(f"feedback={feedback!r} needs wire='int8' (or 'fp8', 'int4') too")
         quantized = None if wire is None else \
-            compressed.call_wire(self.config, wire, feedback, output, op_name)
+            call_wire(self.config, wire, feedback, output, op_name)
         if quantized is not None and self._res.topo.machines > 1:
             return self._compressed_scatter(output, input, op_name, async_op, quantized,
                                             feedback)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from ringreduce.execution import compressed, quant
+from ringreduce.execution.feedback import Errors
 
 pytestmark = [
     pytest.mark.gpu,
@@ -133,7 +134,7 @@ def test_add_and_requantize_matches_torch(kernels, name: str) -> None:  # type: 
             others = got.clone()
             others[m] = 0  # never read: row m comes from mine
             diffuse = torch.randn(k, device="cuda") * 1e-2
-            ours, theirs = (compressed._Errors(k, name, torch.empty(0), diffuse.clone())
+            ours, theirs = (Errors(k, name, torch.empty(0), diffuse.clone())
                             if feedback else None for _ in range(2))
             sent = compressed._add(others, mine, fused, ours, m)
             want = compressed._add(got.clone(), mine, torch_ops, theirs, m)

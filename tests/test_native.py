@@ -27,6 +27,7 @@ from ringreduce.config import Config
 from ringreduce.execution import call_check, compressed, kernels, native, one_slice, recording
 from ringreduce.execution.buffers import Buffers
 from ringreduce.execution.call_check import DeviceCallCheck
+from ringreduce.execution.feedback import Feedback, Spec
 from ringreduce.execution.kernels import Kernels
 from ringreduce.execution.pipeline import run_waves
 from ringreduce.execution.transport import NcclTransport
@@ -511,9 +512,9 @@ def _trace_compressed(numel: int, rank: int, op: str, feedback: bool, machines: 
     ctx.check = None  # the compressed route has no end-of-call check
     stages = schedule.active_stages(devices)
     k = compressed.padded_row(numel, devices, machines, 256)
-    errors = compressed.Feedback().errors("b", numel, "int8", machines, k, t.device) \
+    errors = Feedback().errors("b", numel, "int8", machines, k, t.device) \
         if feedback else None
-    spec, keep = compressed.Spec("int8", 256, errors), []
+    spec, keep = Spec("int8", 256, errors), []
     recording.walk_compressed(t, op, ctx, stages, spec, keep)
     rec.stage = len(stages) - 1
     rec.emit("write_flag")
@@ -644,11 +645,11 @@ def test_forgetting_feedback_memory_drops_every_key_that_holds_it() -> None:
     """reset_feedback (or a key whose size changed) lets error-feedback memory go: the
     programs that point into it, and the first-sight keys that would keep it alive,
     are dropped; the other kinds of call stay."""
-    feedback = compressed.Feedback()
+    feedback = Feedback()
     old = feedback.errors("b0", 1024, "int8", 2, 256, torch.device("cpu"))
     kept = feedback.errors("b1", 1024, "int8", 2, 256, torch.device("cpu"))
     issuer = native.NativeIssuer.__new__(native.NativeIssuer)  # no CUDA: only its tables
-    kinds = [(1024, torch.float32, "avg", 0, compressed.Spec("int8", 256, errors))
+    kinds = [(1024, torch.float32, "avg", 0, Spec("int8", 256, errors))
              for errors in (old, kept)] + [(1024, torch.float32, "sum", 0, "")]
     issuer._programs = {k: (object(), []) for k in kinds}
     issuer._warm = set(kinds)

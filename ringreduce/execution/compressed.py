@@ -38,129 +38,24 @@ the cast to t's dtype). Without padding they read and write ``t`` itself (no fp3
 copy in, the last all-gather or, with one device a machine, the dequantization
 straight into it). Elsewhere quant.py's torch ops, several passes each.
 
-Error feedback (opt-in per key, ``Feedback``): what quantization dropped from this
-rank's collect rows, and from the rows it owns in diffuse, is added before quantizing
-the same key's next call. Memory per key and rank: P/D + P/(D*M) fp32 values, about
-numel/D. Non-finite errors are dropped (a step with inf/nan, skipped by AMP's
-GradScaler, must not poison every later step).
+Error feedback, the per-call checks of what the caller asked for and the memory
+kept between calls: feedback.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ringreduce.config import WIRES, Config
 from ringreduce.execution.add import finish_average
+from ringreduce.execution.feedback import Errors, keep_error
 from ringreduce.execution.pipeline import stage_errors
-from ringreduce.execution.quant import FORMATS, SCALE_BYTES, Format, dequantize, quantize
+from ringreduce.execution.quant import SCALE_BYTES, Format, dequantize, quantize
 
 if TYPE_CHECKING:
     from ringreduce.execution.context import CallContext
-
-FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-"""Tensor dtypes a quantized wire carries."""
-OPS = ("sum", "avg")
-"""Ops a quantized wire carries: a max or min of dequantized values would not be any
-rank's value, so MAX/MIN keep the tensor's format."""
-
-
-def call_wire(config: Config, wire: str | None, feedback: str | None, t: torch.Tensor,
-              op: str) -> str | None:
-    """The quantized format this call takes (None: the tensor's own route), checking the
-    per-call arguments before any communication. ``wire``: the call's override (None:
-    the communicator's ``Config.wire``). The communicator's quantized wire skips
-    tensors it cannot carry (other dtypes, MAX/MIN: a documented decision); an explicit
-    per-call one refuses them."""
-    if wire is not None and wire not in FORMATS:
-        quantized = tuple(FORMATS)
-        hint = " (16-bit wires are set per Communicator)" if wire in WIRES else ""
-        raise ValueError(f"wire={wire!r} is not a per-call wire format{hint}; use one of "
-                         f"{quantized}, or None for the communicator's ({config.wire})")
-    if feedback is not None and not isinstance(feedback, str):
-        raise TypeError(f"feedback={feedback!r} must be a str key (or None)")
-    chosen = wire if wire is not None else config.wire
-    if chosen not in FORMATS:
-        if feedback is not None:
-            raise ValueError(f"feedback={feedback!r} needs an 8- or 4-bit wire, but this call "
-                             f"takes wire={chosen!r}; pass wire='int8' (or 'fp8', 'int4') too")
-        return None
-    if wire is not None and t.dtype not in FLOATS:
-        raise TypeError(f"wire={wire!r} carries {FLOATS}, not {t.dtype}; drop wire= for "
-                        "this tensor")
-    if wire is not None and op not in OPS:
-        raise ValueError(f"wire={wire!r} carries SUM and AVG, not {op.upper()}; drop wire= "
-                         "for this call")
-    return chosen if t.dtype in FLOATS and op in OPS else None
-
-
-@dataclass(eq=False)  # by identity: a traced program is keyed by the memory it holds
-class _Errors:
-    """One key's error feedback: what the last call's quantization dropped."""
-
-    numel: int
-    wire: str
-    collect: torch.Tensor
-    """(M, k): this rank's collect rows (its machine's partials) minus what they became."""
-    diffuse: torch.Tensor
-    """(k,): the reduced row this rank owns minus what every rank received."""
-
-
-@dataclass(frozen=True)
-class Spec:
-    """What a compressed call's work depends on besides its tensor: the wire format,
-    the block and the error feedback's memory (by identity; None: no feedback). The
-    native issuer keys the programs it traces by it (native.NativeIssuer.program)."""
-
-    wire: str
-    block: int
-    errors: _Errors | None
-
-    @property
-    def format(self) -> Format:
-        return FORMATS[self.wire]
-
-
-class Feedback:
-    """Error feedback of one Communicator, per key (a DDP bucket, a user's name). A key
-    starts over when its tensor's size or wire format changes (DDP rebuilds its
-    buckets after the first step). ``dropped`` hears of every key's memory let go
-    (the native issuer forgets the programs that point into it)."""
-
-    def __init__(self, dropped: Callable[[_Errors], None] | None = None) -> None:
-        self._errors: dict[str, _Errors] = {}
-        self._dropped = dropped
-
-    def errors(self, key: str, numel: int, wire: str, rows: int, k: int,
-               device: torch.device) -> _Errors:
-        """The key's errors, zeros when new or when its size or format changed."""
-        errors = self._errors.get(key)
-        if errors is None or (errors.numel, errors.wire, errors.collect.shape) != \
-                (numel, wire, (rows, k)) or errors.collect.device != device:
-            if errors is not None:
-                self._drop(errors)
-            errors = self._errors[key] = _Errors(
-                numel, wire, torch.zeros((rows, k), dtype=torch.float32, device=device),
-                torch.zeros(k, dtype=torch.float32, device=device))
-        return errors
-
-    def reset(self, key: str | None = None) -> None:
-        """Forget ``key``'s errors (every key's when None)."""
-        for name in list(self._errors) if key is None else [key]:
-            errors = self._errors.pop(name, None)
-            if errors is not None:
-                self._drop(errors)
-
-    def _drop(self, errors: _Errors) -> None:
-        if self._dropped is not None:
-            self._dropped(errors)
-
-    def nbytes(self) -> int:
-        """Memory held for error feedback, over every key."""
-        return sum(e.collect.nbytes + e.diffuse.nbytes for e in self._errors.values())
 
 
 class Scratch:
@@ -195,7 +90,7 @@ class On:
     scratch: Scratch
 
 
-def all_reduce(t: torch.Tensor, op: str, fmt: Format, block: int, errors: _Errors | None,
+def all_reduce(t: torch.Tensor, op: str, fmt: Format, block: int, errors: Errors | None,
                ctx: CallContext, on: On) -> None:
     """The route of the module docstring, in place on ``t`` (flat, contiguous), every
     kernel and collective on ``on.stream`` (current on CUDA: the torch ops' stream)."""
@@ -251,7 +146,7 @@ class Codec:
         quantize(x, self.fmt, self.block, out)
         if residual is not None:  # what the rows became, minus what they were
             dequantize(out, self.fmt, self.block, residual)
-            _keep_error(torch.sub(x, residual, out=residual))
+            keep_error(torch.sub(x, residual, out=residual))
 
 
 def _exact(t: torch.Tensor, k: int, ctx: CallContext) -> bool:
@@ -282,7 +177,7 @@ def _machine_part(t: torch.Tensor, k: int, codec: Codec, ctx: CallContext,
     return part
 
 
-def _collect(part: torch.Tensor, codec: Codec, errors: _Errors | None, ctx: CallContext,
+def _collect(part: torch.Tensor, codec: Codec, errors: Errors | None, ctx: CallContext,
              stream: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(got, mine): every machine's partial of row m as it crossed the rail (got[m]
     not filled: it is mine[m]), and this machine's partials, each quantized once."""
@@ -297,7 +192,7 @@ def _collect(part: torch.Tensor, codec: Codec, errors: _Errors | None, ctx: Call
     return got, mine
 
 
-def _add(got: torch.Tensor, mine: torch.Tensor, codec: Codec, errors: _Errors | None,
+def _add(got: torch.Tensor, mine: torch.Tensor, codec: Codec, errors: Errors | None,
          m: int) -> torch.Tensor:
     """(1, row bytes): the sum over machines of row m, in fp32, machines 0..M-1 on every
     rank (one fixed order), plus the diffuse error, quantized once for diffuse."""
@@ -373,8 +268,3 @@ def _unpack(rows: torch.Tensor, codec: Codec, op: str, dtype: torch.dtype,
     if op == "avg":
         finish_average(values, world, ctx.divisors.get(torch.float32))
     return values.to(dtype)
-
-
-def _keep_error(error: torch.Tensor) -> None:
-    """A non-finite error (the call saw inf or nan) is dropped, not carried."""
-    error.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)

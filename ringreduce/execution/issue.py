@@ -22,7 +22,7 @@ import torch
 
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
-from ringreduce.execution import compressed, one_slice
+from ringreduce.execution import compressed, feedback, one_slice
 from ringreduce.execution.context import CallContext
 from ringreduce.execution.memory_order import MemoryOrder
 from ringreduce.execution.pipeline import flat_here, run_waves
@@ -113,7 +113,7 @@ class Issuer:
         return self._from_python(t, async_op, record,
                                  lambda: self.execute(t, op, record, inline=not async_op))
 
-    def compressed(self, t: torch.Tensor, op: str, spec: compressed.Spec, async_op: bool,
+    def compressed(self, t: torch.Tensor, op: str, spec: feedback.Spec, async_op: bool,
                    record: Record) -> tuple[Any, Ends]:
         """One all_reduce on the compressed route on CUDA (compressed.py): replayed by
         the native issuer where it takes the call (float32, the fused kernels, outside

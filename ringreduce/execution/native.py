@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from ringreduce.errors import RingReduceError, stage_error
-from ringreduce.execution import compressed, recording
+from ringreduce.execution import feedback, recording
 from ringreduce.execution.recording import extension
 from ringreduce.execution.streams import complete_on
 from ringreduce.plan import schedule
@@ -174,10 +174,10 @@ class NativeIssuer:
         return f"streams busy: {', '.join(busy) or 'none'}"
 
     def program(self, t: torch.Tensor, op: str, make_ctx: Callable[[], Any],
-                route: str | compressed.Spec = "") -> Any:
+                route: str | feedback.Spec = "") -> Any:
         """The program of this kind of call (size, dtype, op, alignment and ``route``:
         "" the pipeline, ONE_SLICE the one-slice plan, which the Communicator fixes for
-        a dtype, a compressed.Spec the compressed route), traced at its second sight;
+        a dtype, a feedback.Spec the compressed route), traced at its second sight;
         None at its first, which goes through the Python issuer on the caller's
         thread, so that everything done once happens there while no stream waits on a
         flag: NCCL connecting peers and loading kernels, cupy kernels loading. CUDA
@@ -202,11 +202,11 @@ class NativeIssuer:
         return program
 
     def forget_feedback(self, errors: Any) -> None:
-        """Drop the programs that point into ``errors`` (compressed._Errors), memory
+        """Drop the programs that point into ``errors`` (feedback.Errors), memory
         that error feedback let go (``reset_feedback``, a key's size changed): the
         next call of their kind makes new memory and is traced again."""
         def points_into(key: tuple[Any, ...]) -> bool:
-            return isinstance(key[-1], compressed.Spec) and key[-1].errors is errors
+            return isinstance(key[-1], feedback.Spec) and key[-1].errors is errors
 
         for key in [k for k in self._programs if points_into(k)]:
             del self._programs[key]

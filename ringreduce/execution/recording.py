@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ringreduce.errors import RingReduceError
-from ringreduce.execution import call_check, compressed, nccl, one_slice
+from ringreduce.execution import call_check, compressed, feedback, nccl, one_slice
 from ringreduce.execution.pipeline import run_waves
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import schedule
@@ -219,7 +219,7 @@ def walk_one_slice(t: torch.Tensor, op: str, ctx: CallContext, stages: Sequence[
 
 
 def walk_compressed(t: torch.Tensor, op: str, ctx: CallContext, stages: Sequence[str],
-                    spec: compressed.Spec, keep: list[torch.Tensor]) -> None:
+                    spec: feedback.Spec, keep: list[torch.Tensor]) -> None:
     """A compressed call against recording collaborators, on the last stage's stream
     as walk_one_slice's. Its work buffers are made here, once, on that stream (the
     caching allocator's order for them is the replays'), into ``keep``, which the
@@ -237,10 +237,10 @@ def walk_compressed(t: torch.Tensor, op: str, ctx: CallContext, stages: Sequence
 
 
 def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Tensor,
-          op: str, ctx: CallContext, route: str | compressed.Spec,
+          op: str, ctx: CallContext, route: str | feedback.Spec,
           keep: list[torch.Tensor]) -> Any:
     """The program of this call: its plan walked against recording collaborators
-    (``route``: "" the pipeline, ONE_SLICE, or a compressed.Spec); the memory it points
+    (``route``: "" the pipeline, ONE_SLICE, or a feedback.Spec); the memory it points
     into beyond the tensor and the communicator's (a compressed call's work buffers, the
     end-of-call check's words) goes into ``keep``, which must live as long as the
     program. Nothing is issued."""
@@ -257,7 +257,7 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
         last = res.sync.streams[stages[-1]]
         ctx.check = call_check.KeptWords(
             ctx.check, lambda own: call_check.written_words(own, last), keep)
-    if isinstance(route, compressed.Spec):
+    if isinstance(route, feedback.Spec):
         ctx.transport = StagedTransport(rec, {}, topo, comms, kernels, calls=calls,
                                         gathers=transport.gathers)
         walk_compressed(t, op, ctx, stages, route, keep)

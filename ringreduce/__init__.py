@@ -5,7 +5,7 @@ Nothing here touches CUDA at import time.
 
 from __future__ import annotations
 
-from ringreduce import fsdp
+from ringreduce import ddp, fsdp
 from ringreduce.config import Config
 from ringreduce.engine import Communicator
 from ringreduce.errors import RingReduceError
@@ -16,5 +16,5 @@ from ringreduce.plan.topology import Topology
 
 _backend.register()  # torch.distributed backend "ringreduce"; touches no GPU
 
-__all__ = ["Communicator", "Config", "RingReduceError", "Topology", "all_reduce", "ddp_hook",
-           "fsdp", "release_cached"]
+__all__ = ["Communicator", "Config", "RingReduceError", "Topology", "all_reduce", "ddp",
+           "ddp_hook", "fsdp", "release_cached"]

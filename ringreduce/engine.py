@@ -16,6 +16,7 @@ runs the same plan over gloo on one worker thread, so calls keep their order.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import Any
@@ -32,6 +33,9 @@ from ringreduce.execution.describe import describe, flat_note
 from ringreduce.execution.feedback import FLOATS, Feedback, Spec, call_wire
 from ringreduce.execution.issue import Issuer, untracked
 from ringreduce.execution.resources import Resources
+from ringreduce.integrations import resume
+from ringreduce.integrations.buckets import BucketKeys, Names
+from ringreduce.integrations.regroup import Regroup
 from ringreduce.plan import slicing
 from ringreduce.safety import agreement, checks
 from ringreduce.safety.flight import Record
@@ -82,22 +86,29 @@ class Communicator(Calls):
             agreement.refuse(store, rank, f"{type(exc).__name__}: {exc}")
             raise
         self.config = config
+        self._global_ranks: tuple[int, ...] | None = tuple(dist.get_process_group_ranks(group))
+        """The group's ranks by their global numbers (ddp.apply checks DDP's against them)."""
         self._setup(store, rank, world, device_of(group), host)
 
     @classmethod
     def _on_store(cls, store: dist.Store, rank: int, world: int, device: torch.device, *,
-                  defaults: dict[str, object] | None = None, **settings: Any) -> Communicator:
+                  defaults: dict[str, object] | None = None, exact: bool = False,
+                  **settings: Any) -> Communicator:
         """A communicator over ``world`` ranks meeting in ``store``, without a
         torch.distributed group (the "ringreduce" backend builds its engine so).
-        ``defaults``: settings the environment may override (the backend's timeout)."""
+        ``defaults``: settings the environment may override (the backend's timeout).
+        ``exact``: no wire format, whatever RINGREDUCE_WIRE says (the backend's rule)."""
         self = cls.__new__(cls)
         try:
             config = Config.from_env(defaults, **settings)
+            if exact:
+                config = dataclasses.replace(config, wire=None, wire_dtype=None)
             host = host_of(config, rank, world)
         except (ValueError, TypeError) as exc:
             agreement.refuse(store, rank, f"{type(exc).__name__}: {exc}")
             raise
         self.config = config
+        self._global_ranks = None
         self._setup(store, rank, world, device, host)
         return self
 
@@ -106,10 +117,13 @@ class Communicator(Calls):
         hosts = agreement.meet(store, rank, world, self.config, host)
         self._res: Resources = build_resources(store, rank, world, device, self.config, hosts)
         self._issuer = Issuer(self._res, self.config)
-        self._bucket_keys: dict[int, str] = {}
-        """The feedback key of each DDP bucket index (_bucket_key)."""
         native = self._res.native  # its programs point into the feedback memory let go
         self._feedback = Feedback(None if native is None else native.forget_feedback)
+        self._buckets = BucketKeys(self.reset_feedback)
+        """The DDP buckets' feedback keys, per model (integrations/buckets.py)."""
+        self._regroup = Regroup(self._buckets, self._hook_average)
+        self._names = Names()
+        """FSDP hooks' feedback keys (integrations/buckets.py)."""
         self._op_number = 0
         self._closed = False
         self._calls = threading.RLock()
@@ -191,18 +205,30 @@ class Communicator(Calls):
             bucket: dist.GradBucket | None = None) -> torch.futures.Future[torch.Tensor]:
         """DDP's hook (integrations/hook.py): an asynchronous average of a bucket.
 
-        16-bit buckets are divided by the world size first, in their own precision, and
+        ``bucket``: DDP's; with an 8- or 4-bit wire and ``Config.hook_feedback`` it keeps
+        error feedback under its model's key for it (integrations/buckets.py), so models
+        sharing this Communicator keep theirs apart; after ``load_state_dict``, in the
+        saved layouts until DDP forms them (integrations/regroup.py)."""
+        if bucket is None or not (self.config.hook_feedback and
+                                  self.config.wire in quant.FORMATS and t.dtype in FLOATS):
+            return self._hook_average(t, None)
+        with self._calls:  # one numbering of parameters, whichever thread runs the hook
+            self._usable()
+            ordinals = self._buckets.ordinals(bucket.parameters())
+            key = self._buckets.key(ordinals)
+            if key is None:
+                return self._regroup.hook(bucket, ordinals)
+            return self._hook_average(t, key)
+
+    def _hook_average(self, t: torch.Tensor,
+                      feedback: str | None) -> torch.futures.Future[torch.Tensor]:
+        """An asynchronous average of ``t`` in place (error feedback under ``feedback``).
+
+        16-bit tensors are divided by the world size first, in their own precision, and
         then summed, as plain DDP and torch's ``allreduce_hook`` do: a sum of N fp16
         gradients overflows (inf) where their average does not, and every route sums
         in the bucket's dtype somewhere (the flat all-reduce, the intra-machine
-        reduce-scatter). Other dtypes take AVG: the exact sum, divided once.
-
-        ``bucket``: DDP's; with an 8- or 4-bit wire and ``Config.hook_feedback`` it keeps
-        error feedback (``_bucket_key``)."""
-        feedback = None
-        if bucket is not None and self.config.hook_feedback and \
-                self.config.wire in quant.FORMATS and t.dtype in FLOATS:
-            feedback = self._bucket_key(bucket)
+        reduce-scatter). Other dtypes take AVG: the exact sum, divided once."""
         if t.dtype in (torch.float16, torch.bfloat16):
             # checked before dividing, so a refused call leaves the bucket untouched
             self._usable()
@@ -214,21 +240,39 @@ class Communicator(Calls):
         assert fut is not None
         return fut
 
-    def _bucket_key(self, bucket: dist.GradBucket) -> str:
-        """Error feedback's key for a DDP bucket: its index and the order of its
-        parameters. DDP rebuilds its buckets after the first step, in the order the
-        gradients became ready, so a bucket can keep its index and its size and hold
-        its parameters in another order (one bucket of two layers whose forward runs
-        them in reverse: tests/compressed.py); the errors kept for the old layout
-        must not be added to the new one. The key the index had before is let go."""
-        index = bucket.index()
-        key = f"ddp bucket {index} ({hash(tuple(map(id, bucket.parameters()))):x})"
-        old = self._bucket_keys.get(index)
-        if old != key:
-            if old is not None:
-                self.reset_feedback(old)
-            self._bucket_keys[index] = key
-        return key
+    def _feedback_name(self, kind: str) -> str:
+        """A stable feedback key for an FSDP hook (integrations/buckets.Names)."""
+        with self._calls:
+            return self._names.claim(kind)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state for resuming, like an optimizer's: the error feedback of
+        every key (every DDP bucket of every model, every FSDP module, a user's keys)
+        and the DDP buckets' layouts, with the topology and wire it belongs to (checked
+        by ``load_state_dict``). Tensors (copies, on this Communicator's device) and
+        plain values: for ``torch.save`` and ``torch.distributed.checkpoint``."""
+        with self._calls:
+            self._usable()
+            if not self._res.is_cuda:
+                self._issuer.wait_cpu()
+            return {**resume.identity(self._res.topo, self.config),
+                    "feedback": self._feedback.state_dict(), "ddp": self._buckets.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``'s result, saved by the same rank of a job with
+        the same world, machines and wire: before the first backward of a new process
+        (the way an optimizer's is) or later. Replaces every key's feedback. Raises
+        ValueError, changing nothing, for a state of another rank, world, topology,
+        wire or block; a state whose models differ from this process's fails at their
+        first backward, before any communication of it."""
+        with self._calls:
+            self._usable()
+            resume.check(state, self._res.topo, self.config)
+            if not self._res.is_cuda:
+                self._issuer.wait_cpu()
+            self._feedback.reset()
+            self._buckets.load(state["ddp"])
+            self._feedback.load_state_dict(state["feedback"], self._res.device)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor,
                        op: Any = dist.ReduceOp.SUM, async_op: bool = False, *,

@@ -163,10 +163,11 @@ class RingReduceScatter(_ReduceScatterBase):
         else:
             self.comms = ShardGroupComms(comms, **settings)
         self.wire = wire
-        self._key = f"fsdp reduce_scatter {id(self)}"
-        """This module's error-feedback key in its Communicator (one hook per module)."""
-        self._used: list[Communicator] = []
-        """The Communicators that keep feedback under the key."""
+        self._keys: list[tuple[Communicator, str]] = []
+        """This module's error-feedback key in each Communicator it reduces through,
+        named at its first quantized call there: the n-th such hook of that
+        Communicator, the same in every process, so a saved state finds it again
+        (``Communicator.state_dict``; integrations/buckets.Names)."""
         self.replicate: ReplicaAllReduce | None = None
         """This module's replicate all-reduce, when ``apply`` routes it (custom HSDP)."""
 
@@ -183,10 +184,8 @@ class RingReduceScatter(_ReduceScatterBase):
             # one machine has no rail to compress: the exact route, NCCL's own there
             fut = comm.reduce_scatter(output_tensor, input_tensor, op, async_op=async_op)
         else:
-            if comm not in self._used:
-                self._used.append(comm)
             fut = comm.reduce_scatter(output_tensor, input_tensor, op, async_op=async_op,
-                                      wire=self.wire, feedback=self._key)
+                                      wire=self.wire, feedback=self._key_in(comm))
         if fut is None:
             return None
         # FSDP's interface returns a Work (FSDP itself passes no async_op); torch's own
@@ -194,11 +193,18 @@ class RingReduceScatter(_ReduceScatterBase):
         as_work = torch._C._distributed_c10d._create_work_from_future  # type: ignore[attr-defined]
         return as_work(fut)
 
+    def _key_in(self, comm: Communicator) -> str:
+        for used, key in self._keys:
+            if used is comm:
+                return key
+        key = comm._feedback_name("fsdp reduce_scatter")
+        self._keys.append((comm, key))
+        return key
+
     def reset_feedback(self) -> None:
-        """Forget the error feedback (e.g. after loading a checkpoint), the replicate
-        all-reduce's too."""
-        for comm in self._used:
-            comm.reset_feedback(self._key)
+        """Forget the error feedback, the replicate all-reduce's too."""
+        for comm, key in self._keys:
+            comm.reset_feedback(key)
         if self.replicate is not None:
             self.replicate.reset_feedback()
 

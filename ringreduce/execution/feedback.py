@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -93,11 +94,17 @@ class Feedback:
     def __init__(self, dropped: Callable[[Errors], None] | None = None) -> None:
         self._errors: dict[str, Errors] = {}
         self._dropped = dropped
+        self._loaded: set[str] = set()
+        """Keys loaded from a saved state and not used since: a first use of another
+        size or format is a state saved for something else, refused."""
 
     def errors(self, key: str, numel: int, wire: str, rows: int, k: int,
                device: torch.device) -> Errors:
         """The key's errors, zeros when new or when its size or format changed."""
         errors = self._errors.get(key)
+        if key in self._loaded:
+            self._loaded.discard(key)
+            _check_loaded(key, errors, numel, wire, (rows, k))
         if errors is None or (errors.numel, errors.wire, errors.collect.shape) != \
                 (numel, wire, (rows, k)) or errors.collect.device != device:
             if errors is not None:
@@ -109,6 +116,7 @@ class Feedback:
 
     def reset(self, key: str | None = None) -> None:
         """Forget ``key``'s errors (every key's when None)."""
+        self._loaded = set() if key is None else self._loaded - {key}
         for name in list(self._errors) if key is None else [key]:
             errors = self._errors.pop(name, None)
             if errors is not None:
@@ -118,9 +126,41 @@ class Feedback:
         if self._dropped is not None:
             self._dropped(errors)
 
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Every key's errors: copies, and the size and format they are for."""
+        return {key: {"numel": e.numel, "wire": e.wire, "collect": e.collect.clone(),
+                      "diffuse": e.diffuse.clone()} for key, e in self._errors.items()}
+
+    def load_state_dict(self, state: dict[str, dict[str, Any]], device: torch.device) -> None:
+        """Take ``state_dict()``'s keys (after ``reset``), on ``device``; each is checked
+        at its first use (``errors``)."""
+        for key, e in state.items():
+            collect = e["collect"].to(device, torch.float32, copy=True)
+            diffuse = e["diffuse"].to(device, torch.float32, copy=True)
+            if collect.dim() != 2 or diffuse.shape != (collect.shape[1],):
+                raise ValueError(f"the saved error feedback of {key!r} has collect "
+                                 f"{tuple(collect.shape)} and diffuse {tuple(diffuse.shape)}; "
+                                 "a saved state has (M, k) and (k,)")
+            self._errors[key] = Errors(int(e["numel"]), str(e["wire"]), collect, diffuse)
+            self._loaded.add(key)
+
     def nbytes(self) -> int:
         """Memory held for error feedback, over every key."""
         return sum(e.collect.nbytes + e.diffuse.nbytes for e in self._errors.values())
+
+
+def _check_loaded(key: str, errors: Errors | None, numel: int, wire: str,
+                  shape: tuple[int, int]) -> None:
+    """A loaded key's first use must be of the size and format it was saved for."""
+    if errors is None:
+        return
+    saved = (errors.numel, errors.wire, tuple(errors.collect.shape))
+    if saved != (numel, wire, shape):
+        raise ValueError(f"the loaded error feedback of {key!r} is for {errors.numel} "
+                         f"elements on wire {errors.wire!r} (rows {tuple(errors.collect.shape)})"
+                         f", but this call has {numel} on {wire!r} (rows {shape}): the state "
+                         "was saved for another model layout or wire; load a state saved by "
+                         "the same models and settings, or none")
 
 
 def keep_error(error: torch.Tensor) -> None:

@@ -19,6 +19,14 @@ and ``_create_work_from_future``; tested on 2.11 (GPU) and 2.13 (CPU). The devic
 forms ``"cuda:ringreduce"`` and ``"cpu:gloo,cuda:ringreduce"`` work too, but give the
 same group: torch lets a Python process group serve every device.
 
+Exact, always: the backend's all-reduces (and reduce-scatters) keep the tensor's format
+whatever RINGREDUCE_WIRE says (logged once when it is set), because every all-reduce
+of the group goes through here, a user's metric ``[loss, correct, total]`` or a
+SyncBatchNorm statistic as much as DDP's gradients, and a lossy format must touch only
+what the user asked to compress. Compression is per model: ``ringreduce.ddp.apply(
+model, wire="int8")`` (a hook, with error feedback), ``ringreduce.fsdp.apply``, or a
+Communicator's call with ``wire=``.
+
 A call the engine does not take (several tensors, another dtype or op such as
 PREMUL_SUM or BAND, a sparse tensor) runs on the device's own backend; logged once
 per collective and reason, never silent (FSDP2 all-gathers bytes, uint8, when a
@@ -177,10 +185,18 @@ class RingReduceGroup(dist.ProcessGroup):
         self._builds[device.type] = attempt + 1
         store = dist.PrefixStore(f"engine/{device.type}/{attempt}/", self._store)
         defaults: dict[str, object] = {"timeout_s": self._timeout.total_seconds()}
-        settings = self._machines_or_flat(Config.from_env(defaults))
+        config = Config.from_env(defaults)
+        settings = self._machines_or_flat(config)
+        if config.wire is not None and self.rank() == 0:
+            log.warning("ringreduce backend: RINGREDUCE_WIRE=%s does not apply to the "
+                        "'ringreduce' backend, whose all-reduces stay exact (a user's metric "
+                        "or statistic must not be rounded); compress DDP's gradients with "
+                        "ringreduce.ddp.apply(model, wire=%r) or register_comm_hook("
+                        "ringreduce.Communicator(wire=%r), ringreduce.ddp_hook)",
+                        config.wire, config.wire, config.wire)
         try:
             engine = Communicator._on_store(store, self.rank(), self.size(), device,
-                                            defaults=defaults, **settings)
+                                            defaults=defaults, exact=True, **settings)
         except (ValueError, TypeError, RingReduceError):
             raise
         except RuntimeError as exc:  # gloo's or NCCL's own: a peer left mid-build

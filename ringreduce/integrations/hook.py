@@ -25,8 +25,23 @@ def ddp_hook(state: Communicator, bucket: dist.GradBucket) -> torch.futures.Futu
     NCCL's, and fp32 is divided after the sum, not before.
 
     With an 8- or 4-bit wire (``Communicator(wire="int8")``) each bucket keeps error
-    feedback, keyed by its index and the order of its parameters, so a bucket DDP
-    rebuilds after the first step starts over (``Config.hook_feedback``;
-    ``comm.reset_feedback()``).
+    feedback under a key of its model's parameters (integrations/buckets.py): models
+    sharing one Communicator keep theirs apart, a bucket DDP rebuilds after the first
+    step starts over, and ``comm.state_dict()`` carries it to a resumed run
+    (``Config.hook_feedback``; ``comm.reset_feedback()``).
+
+    ``state`` must be a Communicator over the model's process group
+    (``ringreduce.ddp.apply`` builds one and checks the group); anything else is a
+    TypeError at the first backward, before any communication.
     """
+    if not isinstance(state, Communicator):
+        raise TypeError(state_error(state))
     return state._hook_all_reduce(bucket.buffer(), bucket)
+
+
+def state_error(state: object) -> str:
+    """What to pass instead of a hook state that is not a Communicator."""
+    return (f"ringreduce.ddp_hook's state is {type(state).__name__} {state!r:.60}, not a "
+            "ringreduce.Communicator; call ringreduce.ddp.apply(model) (it builds one over "
+            "model.process_group), or model.register_comm_hook(ringreduce.Communicator("
+            "model.process_group), ringreduce.ddp_hook)")

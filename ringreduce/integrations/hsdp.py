@@ -35,7 +35,9 @@ class ReplicaAllReduce:
                              f"{tuple(quant.FORMATS)}, or None for the exact route")
         _division_settings(module)  # fails here, not mid-backward, on a torch without them
         self.comm, self.wire, self._module = comm, wire, module
-        self._key = f"fsdp all_reduce {id(self)}"
+        self._key: str | None = None
+        """This module's feedback key in ``comm``, named at its first quantized call: the
+        n-th such hook there, the same in every process (integrations/buckets.Names)."""
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
         """Unpipelined meaning: reduce_output = op(reduce_output of every replica),
@@ -52,11 +54,14 @@ class ReplicaAllReduce:
         if self.wire is None or self.comm.topology.machines == 1:
             self.comm.all_reduce(reduce_output, op)
         else:
+            if self._key is None:
+                self._key = self.comm._feedback_name("fsdp all_reduce")
             self.comm.all_reduce(reduce_output, op, wire=self.wire, feedback=self._key)
 
     def reset_feedback(self) -> None:
-        """Forget the error feedback (e.g. after loading a checkpoint)."""
-        self.comm.reset_feedback(self._key)
+        """Forget the error feedback."""
+        if self._key is not None:
+            self.comm.reset_feedback(self._key)
 
 
 def _division_settings(module: nn.Module) -> tuple[bool, bool]:

@@ -1,0 +1,130 @@
+"""Error feedback's keys for the DDP buckets (and FSDP modules) one Communicator serves.
+
+A key must (1) differ between two models that share a Communicator (a GAN's generator
+and discriminator: both have a bucket 0), (2) change when DDP rebuilds a bucket with
+other parameters or another order (the errors kept for the old layout belong to other
+elements), and (3) be the same in every process of a job and in the process that
+resumes it, so a saved state (Communicator.state_dict) finds its buckets again.
+
+The GradBucket that DDP hands the hook names neither its model nor its parameters'
+names, only the parameter tensors. Each parameter gets an *ordinal*: the number of
+parameters this Communicator's hook saw before it. Ranks run the same backward, and a
+resumed process its first backward as the first process did, so the ordinals agree
+across ranks and restarts without any id(). A bucket's key is its parameters' ordinals
+in order with their shapes and dtypes: the buckets of two models hold disjoint
+parameters, so their keys differ, and a rebuilt bucket has another key. A key whose
+parameters a newer key holds is let go (the old layout's errors).
+
+FSDP's hooks take a name from ``Names`` at their first call on a Communicator: the
+n-th hook to reduce through it, in the order every process follows."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+Shape = tuple[tuple[int, ...], str]
+"""A parameter's shape and dtype (by name), as a saved state keeps them."""
+
+
+class BucketKeys:
+    """The feedback keys of the DDP buckets of every model a Communicator's hook
+    serves. ``drop``: forgets a key's errors."""
+
+    def __init__(self, drop: Callable[[str], None]) -> None:
+        self._ordinal: Any = WeakIdKeyDictionary()
+        """parameter -> ordinal (weak: a model let go takes its entries along)."""
+        self.shapes: list[Shape] = []
+        """By ordinal: each parameter's shape and dtype."""
+        self.saved_shapes: list[Shape] = []
+        """The loaded state's, checked against this process's parameters."""
+        self.layouts: dict[str, tuple[int, ...]] = {}
+        """Live key -> its parameters' ordinals, in bucket order."""
+        self._holder: dict[int, str] = {}
+        """Ordinal -> the live key whose bucket holds it."""
+        self.pending: dict[str, tuple[int, ...]] = {}
+        """Loaded layouts DDP has not (yet) formed in this process: their buckets are
+        regrouped into them (integrations/regroup.py)."""
+        self._drop = drop
+
+    def ordinals(self, params: Iterable[torch.Tensor]) -> tuple[int, ...]:
+        """The ordinals of ``params``, numbering those seen first now (in order), each
+        checked against the loaded state's shape for it."""
+        out = []
+        for p in params:
+            ordinal = self._ordinal.get(p)
+            if ordinal is None:
+                ordinal = self._ordinal[p] = len(self.shapes)
+                self.shapes.append((tuple(p.shape), str(p.dtype)))
+                self._check_saved(ordinal)
+            out.append(ordinal)
+        return tuple(out)
+
+    def _check_saved(self, ordinal: int) -> None:
+        if ordinal < len(self.saved_shapes) and self.saved_shapes[ordinal] != self.shapes[ordinal]:
+            raise ValueError(f"the loaded ringreduce state was saved for another model layout: "
+                             f"its DDP parameter {ordinal} is {self.saved_shapes[ordinal]}, "
+                             f"this process's is {self.shapes[ordinal]}; load a state saved by "
+                             "the same models, in the same order, or none")
+
+    def key(self, ordinals: tuple[int, ...]) -> str | None:
+        """The bucket's key (module docstring), made live, keys it displaces let go; None
+        while it must be regrouped: some of its parameters are in a loaded layout that
+        DDP has not formed (and this bucket is not that layout)."""
+        digest = hashlib.sha1(repr([(o, self.shapes[o]) for o in ordinals]).encode())
+        key = f"ddp bucket {ordinals[0]}+{len(ordinals)} {digest.hexdigest()[:12]}"
+        if key not in self.pending and self._regrouped(ordinals):
+            return None
+        if key not in self.layouts:
+            self.pending.pop(key, None)
+            for old in sorted({self._holder[o] for o in ordinals if o in self._holder}):
+                self._forget(old)
+            self.layouts[key] = ordinals
+            self._holder.update(dict.fromkeys(ordinals, key))
+        return key
+
+    def _forget(self, key: str) -> None:
+        for o in self.layouts.pop(key):
+            if self._holder.get(o) == key:
+                del self._holder[o]
+        self._drop(key)
+
+    def _regrouped(self, ordinals: tuple[int, ...]) -> bool:
+        """Whether some of ``ordinals`` belong to a layout loaded but not formed here yet."""
+        if not self.pending:
+            return False
+        held = {o for layout in self.pending.values() for o in layout}
+        return any(o in held for o in ordinals)
+
+    def state(self) -> dict[str, Any]:
+        """The layouts to save: the live and pending keys' ordinals, every shape."""
+        layouts = {**self.pending, **self.layouts}
+        return {"shapes": [[list(s), d] for s, d in self.shapes],
+                "layouts": {k: list(v) for k, v in layouts.items()}}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Take a saved state's layouts as pending: the first buckets after a restart
+        are DDP's initial ones, reduced in the saved layouts until DDP rebuilds to them."""
+        self.saved_shapes = [(tuple(s), d) for s, d in state["shapes"]]
+        for ordinal in range(min(len(self.shapes), len(self.saved_shapes))):
+            self._check_saved(ordinal)
+        for key in list(self.layouts):
+            self._forget(key)
+        self.pending = {k: tuple(v) for k, v in state["layouts"].items()}
+
+
+class Names:
+    """Stable names for the FSDP hooks that keep feedback in one Communicator: the
+    n-th hook of a kind to call it (every process calls in the same order)."""
+
+    def __init__(self) -> None:
+        self._count: dict[str, int] = {}
+
+    def claim(self, kind: str) -> str:
+        n = self._count.get(kind, 0)
+        self._count[kind] = n + 1
+        return f"{kind} {n}"

@@ -250,13 +250,17 @@ class Communicator(Calls):
         every key (every DDP bucket of every model, every FSDP module, a user's keys)
         and the DDP buckets' layouts, with the topology and wire it belongs to (checked
         by ``load_state_dict``). Tensors (copies, on this Communicator's device) and
-        plain values: for ``torch.save`` and ``torch.distributed.checkpoint``."""
+        plain values under one key, ``"rank N"`` (torch.distributed.checkpoint keeps one
+        value of a key saved by every rank): for ``torch.save`` and
+        ``torch.distributed.checkpoint`` (a new process loads with
+        integrations/resume.dcp_template)."""
         with self._calls:
             self._usable()
             if not self._res.is_cuda:
                 self._issuer.wait_cpu()
-            return {**resume.identity(self._res.topo, self.config),
-                    "feedback": self._feedback.state_dict(), "ddp": self._buckets.state()}
+            return {resume.rank_key(self._res.topo.rank): {
+                **resume.identity(self._res.topo, self.config),
+                "feedback": self._feedback.state_dict(), "ddp": self._buckets.state()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``'s result, saved by the same rank of a job with
@@ -267,7 +271,7 @@ class Communicator(Calls):
         first backward, before any communication of it."""
         with self._calls:
             self._usable()
-            resume.check(state, self._res.topo, self.config)
+            state = resume.check(state, self._res.topo, self.config)
             if not self._res.is_cuda:
                 self._issuer.wait_cpu()
             self._feedback.reset()

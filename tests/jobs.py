@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce
+from ringreduce.integrations.resume import dcp_template
 
 from .cases import world_group
 from .compressed import here, same_on_every_rank
@@ -188,8 +190,9 @@ def shards(net: nn.Module) -> list[torch.Tensor]:
 
 def fsdp_job(rank: int, world: int, folder: str, phase: str) -> None:
     """FSDP2 with ringreduce.fsdp.apply(wire="int8") on a given Communicator: "first"
-    runs the uninterrupted job and a first half, checkpointed; "resume" loads it in new
-    processes and must end where the uninterrupted job did."""
+    runs the uninterrupted job and a first half, checkpointed (the Communicator's state
+    with torch.distributed.checkpoint); "resume" loads it in new processes and must end
+    where the uninterrupted job did."""
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(here().type, (world,))
     path = os.path.join(folder, f"fsdp{rank}.pt")
@@ -203,17 +206,19 @@ def fsdp_job(rank: int, world: int, folder: str, phase: str) -> None:
             net = fsdp_net(mesh)
             ringreduce.fsdp.apply(net, comm, wire="int8")
             fsdp_steps(rank, net, 0, STEPS)
-            torch.save({"full": full, "shards": shards(net), "ringreduce": comm.state_dict()},
-                       path)
+            torch.save({"full": full, "shards": shards(net)}, path)
+            dcp.save({"ringreduce": comm.state_dict()}, checkpoint_id=os.path.join(folder, "dcp"))
         return
     ckpt = torch.load(path, map_location=here())
+    saved = {"ringreduce": dcp_template(os.path.join(folder, "dcp"), rank, ("ringreduce",))}
+    dcp.load(saved, checkpoint_id=os.path.join(folder, "dcp"))
     with ringreduce.Communicator() as comm:
         net = fsdp_net(mesh)
         with torch.no_grad():
-            for p, saved in zip(net.parameters(), ckpt["shards"], strict=True):
-                p.to_local().copy_(saved)  # type: ignore[attr-defined]
+            for p, shard in zip(net.parameters(), ckpt["shards"], strict=True):
+                p.to_local().copy_(shard)  # type: ignore[attr-defined]
         ringreduce.fsdp.apply(net, comm, wire="int8")
-        comm.load_state_dict(ckpt["ringreduce"])
+        comm.load_state_dict(saved["ringreduce"])
         fsdp_steps(rank, net, STEPS, STEPS)
         for i, (a, b) in enumerate(zip(shards(net), ckpt["full"], strict=True)):
             assert torch.equal(a, b), f"FSDP parameter {i} differs by {(a - b).abs().max()}"
@@ -230,8 +235,10 @@ def refused_loads(rank: int, world: int) -> None:
     with ringreduce.Communicator(wire="int4") as other, pytest.raises(ValueError, match="wire"):
         other.load_state_dict(state)
     with ringreduce.Communicator(wire="int8") as other:
-        with pytest.raises(ValueError, match="rank: saved"):
-            other.load_state_dict({**state, "rank": (rank + 1) % world})
+        with pytest.raises(ValueError, match="this Communicator is rank"):
+            other.load_state_dict({f"rank {(rank + 1) % world}": state[f"rank {rank}"]})
+        with pytest.raises(ValueError, match="world_size: saved"):
+            other.load_state_dict({f"rank {rank}": {**state[f"rank {rank}"], "world_size": 8}})
         with pytest.raises(ValueError, match="load_state_dict takes"):
             other.load_state_dict({"feedback": {}})
         other.load_state_dict(state)
@@ -295,16 +302,16 @@ def apply_checks(rank: int, world: int) -> None:
             ringreduce.ddp.apply(DDP(Crossed(0).to(here()), process_group=pair), everyone)
         with pytest.raises(ValueError, match="wire"):
             ringreduce.ddp.apply(DDP(Crossed(0).to(here())), everyone, wire="int8")
-    with ringreduce.Communicator(pair) as pairs:
-        with pytest.raises(ValueError, match=rf"\[{pair_ranks_text}\].*\[{everyone_ranks}\]"):
-            ringreduce.ddp.apply(DDP(Crossed(0).to(here())), pairs)
+    with ringreduce.Communicator(pair) as pairs, \
+            pytest.raises(ValueError, match=rf"\[{pair_ranks_text}\].*\[{everyone_ranks}\]"):
+        ringreduce.ddp.apply(DDP(Crossed(0).to(here())), pairs)
     with pytest.raises(TypeError, match="DistributedDataParallel"):
         ringreduce.ddp.apply(Crossed(0))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="ringreduce.ddp.apply"):
+    with pytest.raises(TypeError, match=r"ringreduce\.ddp\.apply"):
         ringreduce.ddp.apply(DDP(Crossed(0).to(here())), "comm")  # type: ignore[arg-type]
     model = DDP(Crossed(0).to(here()))
     model.register_comm_hook(None, ringreduce.ddp_hook)
     x, y = batch(rank, 0)
-    with pytest.raises(Exception, match="not a ringreduce.Communicator") as raised:
+    with pytest.raises(Exception, match=r"not a ringreduce\.Communicator") as raised:
         nn.functional.mse_loss(model(x), y).backward()
     assert "ringreduce.ddp.apply(model)" in str(raised.value)

@@ -109,12 +109,12 @@ class BucketKeys:
     def load(self, state: dict[str, Any]) -> None:
         """Take a saved state's layouts as pending: the first buckets after a restart
         are DDP's initial ones, reduced in the saved layouts until DDP rebuilds to them."""
-        self.saved_shapes = [(tuple(s), d) for s, d in state["shapes"]]
+        self.saved_shapes = [(tuple(s), d) for s, d in state.get("shapes", [])]
         for ordinal in range(min(len(self.shapes), len(self.saved_shapes))):
             self._check_saved(ordinal)
         for key in list(self.layouts):
             self._forget(key)
-        self.pending = {k: tuple(v) for k, v in state["layouts"].items()}
+        self.pending = {k: tuple(v) for k, v in state.get("layouts", {}).items()}
 
 
 class Names:

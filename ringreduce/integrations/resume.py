@@ -7,7 +7,10 @@ so ``load_state_dict`` refuses it before changing anything, naming each differen
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+import torch
 
 from ringreduce.config import Config
 from ringreduce.plan.topology import Topology
@@ -23,12 +26,31 @@ def identity(topo: Topology, config: Config) -> dict[str, Any]:
             "wire": config.wire, "wire_block": config.wire_block}
 
 
-def check(state: Any, topo: Topology, config: Config) -> None:
-    """ValueError unless ``state`` is a saved state of this rank, topology and wire."""
-    if not isinstance(state, dict) or not {"feedback", "ddp", "format"} <= set(state):
-        raise ValueError("load_state_dict takes what Communicator.state_dict() returned (a "
-                         f"dict with 'format', 'feedback' and 'ddp'), not {type(state).__name__}"
-                         f" {sorted(state) if isinstance(state, dict) else ''}")
+def rank_key(rank: int) -> str:
+    """The one key of a saved state: its rank's. torch.distributed.checkpoint takes
+    equal keys on every rank for one replicated value and keeps rank 0's alone, so a
+    state under the same key on every rank would lose the others' feedback."""
+    return f"rank {rank}"
+
+
+def check(saved: Any, topo: Topology, config: Config) -> dict[str, Any]:
+    """This rank's part of ``saved`` (``Communicator.state_dict()``'s result); ValueError
+    unless it is a saved state of this rank, topology and wire."""
+    if not isinstance(saved, dict) or len(saved) != 1 or \
+            not str(next(iter(saved))).startswith("rank ") or \
+            not isinstance(next(iter(saved.values())), dict):
+        raise ValueError("load_state_dict takes what Communicator.state_dict() returned (one "
+                         f"key, 'rank N', holding a dict), not {type(saved).__name__} "
+                         f"{sorted(saved) if isinstance(saved, dict) else ''}")
+    state = saved.get(rank_key(topo.rank))
+    if state is None:
+        raise ValueError(f"this ringreduce state is {sorted(saved)}'s, but this Communicator "
+                         f"is rank {topo.rank}; load each rank's own state")
+    if "format" not in state:
+        raise ValueError(f"a saved ringreduce state has a 'format'; this one has {sorted(state)}")
+    # torch.distributed.checkpoint keeps no empty container: none means empty
+    state.setdefault("feedback", {})
+    state.setdefault("ddp", {})
     want = identity(topo, config)
     differ = [f"{name}: saved {state.get(name)!r}, here {value!r}"
               for name, value in want.items() if state.get(name) != value]
@@ -36,3 +58,37 @@ def check(state: Any, topo: Topology, config: Config) -> None:
         raise ValueError("this ringreduce state was saved by another rank, world, topology "
                          f"or wire than this Communicator's ({'; '.join(differ)}); load each "
                          "rank's own state into a Communicator built with the same settings")
+    return state
+
+
+def dcp_template(checkpoint_id: str | os.PathLike[str], rank: int,
+                 prefix: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What ``torch.distributed.checkpoint.load`` fills with rank ``rank``'s saved
+    Communicator state, from the checkpoint's own metadata: a new process has no
+    feedback yet to offer as the template DCP loads into (its sizes come from the
+    model's buckets). ``prefix``: the keys the state was saved under. Use::
+
+        state = {"ringreduce": dcp_template(path, rank, ("ringreduce",))}
+        dcp.load(state, checkpoint_id=path)
+        comm.load_state_dict(state["ringreduce"])
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    metadata = FileSystemReader(checkpoint_id).read_metadata()
+    paths = metadata.planner_data or {}
+    want = (*prefix, rank_key(rank))
+    out: dict[str, Any] = {}
+    for fqn, meta in metadata.state_dict_metadata.items():
+        path = tuple(paths.get(fqn, ()))
+        if path[:len(want)] != want:
+            continue
+        value = torch.empty(meta.size, dtype=meta.properties.dtype) \
+            if isinstance(meta, TensorStorageMetadata) else None
+        node = out
+        for part in path[len(prefix):-1]:
+            node = node.setdefault(str(part), {})
+        node[str(path[-1])] = value
+    if not out:
+        raise ValueError(f"the checkpoint {checkpoint_id} holds no ringreduce state of rank "
+                         f"{rank} under {list(prefix)}; pass the keys it was saved under")
+    return out

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for GPU runs, one suite per device call:
 #
-#   bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host
+#   bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|jobs
 #
 #   tests    the GPU tests but the fault tests (pytest -m gpu -k "not fault"; TESTS_K) under
 #            a private CUDA MPS daemon with
@@ -62,6 +62,11 @@
 #            times per call): DLRM (25 MiB buckets) and the transformer (4 MiB buckets,
 #            HOST_TRANSFORMER_MODES), NCCL's tree; DLRM with the int8 hook against torch's
 #            bf16 hook
+#   jobs     training jobs as people run them (issue 49), tests/test_gpu_jobs.py at 2x2 (2x1 on
+#            one GPU) under MPS over NCCL: two DDP models on one int8 Communicator against
+#            one each (bit for bit), int8 DDP (across a bucket rebuild) and FSDP2 runs
+#            checkpointed and resumed in new processes against the uninterrupted ones (bit
+#            for bit), and the "ringreduce" backend exact under RINGREDUCE_WIRE=int8
 #   native   the native issuer (issue 18): benchmarks/native_host.py (host time, CPU and wall
 #            per 25 MiB call, native at several slice sizes vs Python issuer vs NCCL, same
 #            run) at 2x2 loopback and capped and 4x2 loopback under MPS;
@@ -77,8 +82,8 @@ set -u
 cd "$(dirname "$0")/.."
 . benchmarks/gpu_env.sh
 suite=${1:-}
-case "$suite" in tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host) ;;
-  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host" >&2
+case "$suite" in tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|jobs) ;;
+  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|jobs" >&2
      exit 2 ;;
 esac
 R="$OUT/$suite"; W="$R/work"; rm -rf "$R"; mkdir -p "$W"
@@ -310,6 +315,11 @@ compressed)
   { pytest_summary "$W/compressed_tests.log"
     for f in capped_2x2 capped_2x2_tree loopback_2x2; do echo "== compressed_$f"
       grep -E "^#|^ +[0-9]+ " "$W/compressed_$f.log" | tail -16; done; } > "$W/summary_body.txt" ;;
+jobs)
+  step jobs_tests ${TESTS_S:-220} python3 benchmarks/emulate.py --mps-only -- \
+    env RR_MPS=1 python3 -m pytest -m gpu tests/test_gpu_jobs.py -p no:cacheprovider -v -rs \
+    --durations=10
+  pytest_summary "$W/jobs_tests.log" > "$W/summary_body.txt" ;;
 kernels)
   step kernel_tests 200 python3 -m pytest -m gpu tests/test_kernels.py -p no:cacheprovider -v -rs
   step kernel_bench 120 python3 benchmarks/kernel_bench.py

@@ -138,7 +138,10 @@ class Config:
     16-bit tensors of SUM and AVG calls cross the rail quantized in blocks of
     ``wire_block`` elements (execution/compressed.py), fp32 elsewhere; every rank ends
     with identical values. MAX/MIN, other dtypes and the flat route keep the tensor's
-    format. ``None``: the tensor's dtype. A call may override it (``wire=``)."""
+    format. ``None``: the tensor's dtype. A call may override it (``wire=``). The
+    "ringreduce" backend's engine takes none (its all-reduces stay exact: a user's
+    metrics reach it too; integrations/backend.py); compress DDP's gradients with
+    ``ringreduce.ddp.apply(model, wire=...)``."""
 
     wire_block: int = DEFAULT_WIRE_BLOCK
     """Elements per quantization block of the 8- and 4-bit wires (``RINGREDUCE_WIRE_BLOCK``;

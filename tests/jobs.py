@@ -22,7 +22,8 @@ import ringreduce
 from ringreduce.integrations.resume import dcp_template
 
 from .cases import world_group
-from .compressed import here, same_on_every_rank
+from .compressed import here as _backend_device
+from .compressed import same_on_every_rank
 
 ENV = {"RINGREDUCE_MACHINES": "2", "RINGREDUCE_MIN_BYTES": "0"}
 WIDTH = 24
@@ -42,6 +43,14 @@ class Crossed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.a(torch.tanh(self.b(torch.tanh(self.c(torch.tanh(self.d(x)))))))
+
+
+def here() -> torch.device:
+    """This rank's device: its GPU in a GPU test (RR_TEST_DEVICE; the "ringreduce"
+    backend too, whose CUDA tensors go to its engine), else the backend's."""
+    if "RR_TEST_DEVICE" in os.environ:
+        return torch.device("cuda", torch.cuda.current_device())
+    return _backend_device()
 
 
 def ddp(seed: int) -> DDP:

@@ -5,4 +5,7 @@
 call; ``work``: the Work its engine calls return), and ``api`` the standalone
 ``ringreduce.all_reduce`` with a cached Communicator per group. ``hsdp`` is the
 replicate all-reduce hook that ``ringreduce.fsdp.apply`` installs for custom HSDP.
+``buckets`` keys error feedback per model (DDP buckets, FSDP hooks), ``regroup`` reduces
+DDP's first buckets after a resume in the saved layouts, ``resume`` checks a saved
+``Communicator.state_dict()`` against the Communicator it is loaded into.
 """

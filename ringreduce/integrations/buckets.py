@@ -21,6 +21,8 @@ n-th hook to reduce through it, in the order every process follows."""
 from __future__ import annotations
 
 import hashlib
+import operator
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -50,10 +52,26 @@ class BucketKeys:
         """Loaded layouts DDP has not (yet) formed in this process: their buckets are
         regrouped into them (integrations/regroup.py)."""
         self._drop = drop
+        self._seen: dict[tuple[int, ...], tuple[tuple[int, ...], list[weakref.ref[Any]]]] = {}
+        """Buckets seen: their parameters' ids -> (ordinals, weak references to them)."""
+        self._key_of: dict[tuple[int, ...], str] = {}
+        """Ordinals -> key (``key``'s digest, once)."""
 
-    def ordinals(self, params: Iterable[torch.Tensor]) -> tuple[int, ...]:
+    def ordinals(self, params: list[torch.Tensor]) -> tuple[int, ...]:
         """The ordinals of ``params``, numbering those seen first now (in order), each
-        checked against the loaded state's shape for it."""
+        checked against the loaded state's shape for it. A bucket seen before is looked
+        up by its parameters' ids (the hook runs every step: the host's time counts),
+        confirmed by weak references, so a parameter freed and its id reused is not
+        taken for the old one."""
+        ids = tuple(map(id, params))
+        seen = self._seen.get(ids)
+        if seen is not None and all(map(operator.is_, (r() for r in seen[1]), params)):
+            return seen[0]
+        ordinals = self._number(params)
+        self._seen[ids] = (ordinals, [weakref.ref(p) for p in params])
+        return ordinals
+
+    def _number(self, params: Iterable[torch.Tensor]) -> tuple[int, ...]:
         out = []
         for p in params:
             ordinal = self._ordinal.get(p)
@@ -75,8 +93,11 @@ class BucketKeys:
         """The bucket's key (module docstring), made live, keys it displaces let go; None
         while it must be regrouped: some of its parameters are in a loaded layout that
         DDP has not formed (and this bucket is not that layout)."""
-        digest = hashlib.sha1(repr([(o, self.shapes[o]) for o in ordinals]).encode())
-        key = f"ddp bucket {ordinals[0]}+{len(ordinals)} {digest.hexdigest()[:12]}"
+        key = self._key_of.get(ordinals)
+        if key is None:
+            digest = hashlib.sha1(repr([(o, self.shapes[o]) for o in ordinals]).encode())
+            key = self._key_of[ordinals] = \
+                f"ddp bucket {ordinals[0]}+{len(ordinals)} {digest.hexdigest()[:12]}"
         if key not in self.pending and self._regrouped(ordinals):
             return None
         if key not in self.layouts:

@@ -8,6 +8,7 @@ min_bytes from RINGREDUCE_MACHINES and RINGREDUCE_MIN_BYTES (ENV)."""
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -101,12 +102,28 @@ def two_models(rank: int, world: int) -> None:
         gan_steps(g, d, rank, 6)
         ends.append((flat(g), flat(d)))
         assert all(c._feedback.nbytes() > 0 for c in comms)
+        if shared:
+            del g, d
+            let_go(comms[0], rank)
         for c in comms:
             c.close()
     (g1, d1), (g2, d2) = ends
     assert torch.equal(g1, g2), f"generator differs by {(g1 - g2).abs().max()}"
     assert torch.equal(d1, d2), f"discriminator differs by {(d1 - d2).abs().max()}"
     same_on_every_rank(torch.cat([g1, d1]), "both models")
+
+
+def let_go(comm: ringreduce.Communicator, rank: int) -> None:
+    """Models freed let their feedback go when the next model's buckets appear: a
+    Communicator kept for one model after another holds only the live ones'."""
+    gc.collect()
+    before = len(comm._buckets.shapes)
+    model = ddp(2)
+    ringreduce.ddp.apply(model, comm)
+    ddp_run(rank, model, 0, 2)
+    layouts = comm._buckets.layouts
+    assert layouts and all(min(o) >= before for o in layouts.values()), layouts
+    assert set(comm._feedback._errors) == set(layouts), sorted(comm._feedback._errors)
 
 
 # --- resuming ---------------------------------------------------------------------------

@@ -42,6 +42,8 @@ class BucketKeys:
         """parameter -> ordinal (weak: a model let go takes its entries along)."""
         self.shapes: list[Shape] = []
         """By ordinal: each parameter's shape and dtype."""
+        self._refs: list[weakref.ref[Any]] = []
+        """By ordinal: the parameter, weakly."""
         self.saved_shapes: list[Shape] = []
         """The loaded state's, checked against this process's parameters."""
         self.layouts: dict[str, tuple[int, ...]] = {}
@@ -67,9 +69,18 @@ class BucketKeys:
         seen = self._seen.get(ids)
         if seen is not None and all(map(operator.is_, (r() for r in seen[1]), params)):
             return seen[0]
+        self._let_go_of_freed_models()
         ordinals = self._number(params)
         self._seen[ids] = (ordinals, [weakref.ref(p) for p in params])
         return ordinals
+
+    def _let_go_of_freed_models(self) -> None:
+        """A bucket whose parameters are gone (its model freed: a Communicator kept for
+        one model after another) lets its feedback memory go. Checked when a bucket
+        first appears, never on the steps that follow."""
+        for key in [k for k, ords in self.layouts.items() if self._refs[ords[0]]() is None]:
+            self._forget(key)
+        self._seen = {ids: seen for ids, seen in self._seen.items() if seen[1][0]() is not None}
 
     def _number(self, params: Iterable[torch.Tensor]) -> tuple[int, ...]:
         out = []
@@ -78,6 +89,7 @@ class BucketKeys:
             if ordinal is None:
                 ordinal = self._ordinal[p] = len(self.shapes)
                 self.shapes.append((tuple(p.shape), str(p.dtype)))
+                self._refs.append(weakref.ref(p))
                 self._check_saved(ordinal)
             out.append(ordinal)
         return tuple(out)

@@ -13,7 +13,12 @@ resumed process its first backward as the first process did, so the ordinals agr
 across ranks and restarts without any id(). A bucket's key is its parameters' ordinals
 in order with their shapes and dtypes: the buckets of two models hold disjoint
 parameters, so their keys differ, and a rebuilt bucket has another key. A key whose
-parameters a newer key holds is let go (the old layout's errors).
+parameters a newer key holds is let go (the old layout's errors), and so is one whose
+model was freed. (Parameter ids serve only to find a bucket seen before in this
+process, the hook's per-step cost; they are never part of a key.) What the ordinals
+assume: a resumed process builds the same models and runs their first backward in the
+same order as the saved one; a parameter of another shape at an ordinal is refused
+(ValueError), one of the same shape cannot be told apart.
 
 FSDP's hooks take a name from ``Names`` at their first call on a Communicator: the
 n-th hook to reduce through it, in the order every process follows."""

@@ -83,7 +83,7 @@ def _build(world: int) -> nn.Module:
         net.sparse, {f"t{i}": data_parallel() for i in range(len(FEATURES))},
         local_size=2, world_size=world, device_type="cpu")})
     # 1/1000 MB: the 1,200 dense parameters come in several buckets
-    wrapper = DefaultDataParallelWrapper(bucket_cap_mb=0.001)  # type: ignore[arg-type]
+    wrapper = DefaultDataParallelWrapper(bucket_cap_mb=0.001)
     return DistributedModelParallel(net, device=CPU, plan=plan, data_parallel_wrapper=wrapper)
 
 
@@ -173,6 +173,16 @@ def _dmp_worker(rank: int, world: int) -> None:
     for name, p in plain.items():
         assert not torch.equal(p, start[name]), f"{name} did not train"
         assert torch.equal(ours[name], p), f"{name}: ringreduce differs from TorchRec's DDP"
+
+    # the README's recipe: one Communicator, registered on every DDP
+    dmp = _build(world)
+    shared = ringreduce.Communicator()
+    for ddp in ddp_modules(dmp):
+        ddp.register_comm_hook(shared, ringreduce.ddp_hook)
+    _, together = _train(dmp, rank)
+    for name, p in plain.items():
+        assert torch.equal(together[name], p), f"{name}: a shared Communicator differs"
+    shared.close()
 
     # int8 with error feedback: the same replica everywhere, close to fp32
     runs = {}

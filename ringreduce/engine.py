@@ -6,10 +6,12 @@ An all-reduce takes one of four routes, each a deliberate decision:
   * one machine (M == 1), or a tensor below ``min_bytes``: NCCL's (gloo's) own flat
     all-reduce on the whole group, because on NVLink alone and for latency-bound
     sizes nothing beats it (Fairring lost both cases by not having this route);
-  * otherwise the plan the Communicator chose at construction (plan/slicing.py): one
-    slice (one_slice.py: three collectives) or the pipeline of pipeline.py, with
+  * otherwise the route the Communicator chose at construction by measuring them
+    (plan/slicing.py, execution/probe.py): NCCL's flat all-reduce, one slice
+    (one_slice.py: three collectives) or the pipeline of pipeline.py, with
     reduce-scatter and all-gather skipped when each machine has one device;
-  * with an 8- or 4-bit wire, the compressed route (compressed.py).
+  * with an 8- or 4-bit wire, the compressed route (compressed.py), where the probe
+    did not find exact as fast (a call's own ``wire=`` always takes it).
 The CUDA route only enqueues work (no host-device synchronisation); the CPU route
 runs the same plan over gloo on one worker thread, so calls keep their order.
 """
@@ -147,7 +149,7 @@ class Communicator(Calls):
         op_name = checks.op_name(op)
         checks.tensor(t, "all_reduce", "t", self._res.device)
         quantized = compressed.call_wire(self.config, wire, feedback, t, op_name)
-        if quantized is not None and not self._issuer.route_flat(t):
+        if quantized is not None and self._issuer.takes_wire(t, wire is not None):
             return self._compressed(t, op_name, async_op, quantized, feedback)
         return self._call("all_reduce", t, op_name, async_op, t,
                           lambda rec: self._issuer.all_reduce(t, op_name, async_op, rec),

@@ -150,13 +150,15 @@ class Communicator(Calls):
         checks.tensor(t, "all_reduce", "t", self._res.device)
         quantized = compressed.call_wire(self.config, wire, feedback, t, op_name)
         if quantized is not None and self._issuer.takes_wire(t, wire is not None):
-            return self._compressed(t, op_name, async_op, quantized, feedback)
+            # the probe's reason where it chose the wire; a call's own wire= is its own
+            why = "" if wire is not None else self._issuer.choice(t).why
+            return self._compressed(t, op_name, async_op, quantized, feedback, why)
         return self._call("all_reduce", t, op_name, async_op, t,
                           lambda rec: self._issuer.all_reduce(t, op_name, async_op, rec),
                           lambda rec: self._issuer.execute(t, op_name, rec))
 
     def _compressed(self, t: torch.Tensor, op: str, async_op: bool, wire: str,
-                    feedback: str | None) -> torch.futures.Future[torch.Tensor] | None:
+                    feedback: str | None, why: str) -> torch.futures.Future[torch.Tensor] | None:
         """An all_reduce on the compressed route (execution/compressed.py): unpipelined,
         on the last stage's stream (CUDA; replayed natively where it can be). The wire
         format is part of the call's fingerprint, so ranks that pass different ones
@@ -170,13 +172,17 @@ class Communicator(Calls):
                 feedback, t.numel(), wire, topo.machines, k, t.device)
             return compressed.Spec(wire, block, errors)
 
+        def on_cuda(rec: Record) -> Any:
+            rec.why = why
+            return issuer.compressed(tt, op, spec(), async_op, rec)
+
         def on_cpu(rec: Record) -> None:
+            rec.why = why
             s = spec()
             compressed.all_reduce(tt, op, s.format, block, s.errors, issuer.ctx(rec),
                                   compressed.On(None, "", compressed.Scratch(t.device)))
         return self._call("all_reduce", t, f"{op} wire={wire}", async_op, t,
-                          lambda rec: issuer.compressed(tt, op, spec(), async_op, rec),
-                          on_cpu, f"compressed {wire}")
+                          on_cuda, on_cpu, f"compressed {wire}")
 
     def reset_feedback(self, key: str | None = None) -> None:
         """Forget the error feedback kept under ``key`` (every key's when None), from

@@ -141,7 +141,6 @@ class Issuer:
         a capture), else from Python; either way on the last stage's stream after the
         caller's, so that calls sharing error-feedback memory run in one order."""
         route = f"compressed {spec.wire}"
-        record.why = self.choice(t).why
         native = self.res.native
         if native is not None and t.dtype == torch.float32 and self.res.kernels is not None \
                 and t.numel() and not torch.cuda.is_current_stream_capturing():

@@ -100,7 +100,9 @@ if [[ "$suite" == four* && "$NGPU" -lt 4 ]]; then
   exit 2
 fi
 R="$OUT/$suite"; W="$R/work"; rm -rf "$R"; mkdir -p "$W"
-BUDGET_S=${BUDGET_S:-500}; START=$SECONDS
+# four*: 460 s, the native build (gpu_env.sh, before the clock starts) and the tar after
+# it inside one 9-minute call on a fresh machine
+BUDGET_S=${BUDGET_S:-$([[ "$suite" == four* ]] && echo 460 || echo 500)}; START=$SECONDS
 # The one-GPU setting everywhere (every rank on GPU 0 under MPS), so results compare
 # across machines; the faithful 2x2 spreads a machine's ranks over the GPUs there are.
 E="python3 benchmarks/emulate.py --physical-gpus 1"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for GPU runs, one suite per device call:
 #
-#   bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|jobs
+#   bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|four|four_host|jobs
 #
 #   tests    the GPU tests but the fault tests (pytest -m gpu -k "not fault"; TESTS_K) under
 #            a private CUDA MPS daemon with
@@ -71,6 +71,20 @@
 #            per 25 MiB call, native at several slice sizes vs Python issuer vs NCCL, same
 #            run) at 2x2 loopback and capped and 4x2 loopback under MPS;
 #            tests/test_native*.py at 2x1 and 2x2 under MPS, the killed peer without MPS
+#   four     the four-GPU kind (nvidia-h200-x4; refuses fewer than 4 GPUs), the rows that matter
+#            most, in order until BUDGET_S: the faithful 2x2 with one rank per GPU (no MPS),
+#            2x4 and 4x2 (two ranks a GPU, MPS), capped at 10 Gbit/s, fp32 FOUR_SIZES (4M-256M
+#            by 4x) and 16 x 25M against NCCL default and two-level, then NCCL alone under
+#            FOUR_ALGOS (tree ring, one process set each); one call per wire format
+#            (benchmarks/compressed.py: int8, fp8, int4, bf16 against NCCL fp32 and torch's
+#            bf16 hook) at 2x2 and 2x4; then 2x2 at 25 Gbit/s and over loopback. The summary
+#            merges every run's rows: ratio per row against the best reference (NCCL best
+#            of default/tree/ring, two-level)
+#   four_host  the four-GPU kind's second call: the probe's GPU tests at 2x2
+#            (tests/test_gpu_probe.py, test_gpu.py's exact sweep); DDP's hook against torch's
+#            allreduce_hook, median host time at 25 MiB and 4 MiB, fp32 and int8, in turns
+#            (native_host.py --hooks) on the faithful 2x2 capped; 4x4 (four ranks a GPU) capped
+#            with its references; the wires at 4x2; then 2x4 and 4x2 at 25 Gbit/s and loopback
 #
 # Each suite fits one 9-minute call on one H200 (16 cores): steps run in order, each
 # under its own timeout, and a step that would start past BUDGET_S (default 500 s) is
@@ -82,12 +96,18 @@ set -u
 cd "$(dirname "$0")/.."
 . benchmarks/gpu_env.sh
 suite=${1:-}
-case "$suite" in tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|jobs) ;;
-  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|jobs" >&2
+case "$suite" in tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|four|four_host|jobs) ;;
+  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|four|four_host|jobs" >&2
      exit 2 ;;
 esac
+if [[ "$suite" == four* && "$NGPU" -lt 4 ]]; then
+  echo "gpu.sh $suite: needs 4 GPUs (nvidia-h200-x4), found $NGPU; the faithful suite runs on 2" >&2
+  exit 2
+fi
 R="$OUT/$suite"; W="$R/work"; rm -rf "$R"; mkdir -p "$W"
-BUDGET_S=${BUDGET_S:-500}; START=$SECONDS
+# four*: 460 s, the native build (gpu_env.sh, before the clock starts) and the tar after
+# it inside one 9-minute call on a fresh machine
+BUDGET_S=${BUDGET_S:-$([[ "$suite" == four* ]] && echo 460 || echo 500)}; START=$SECONDS
 # The one-GPU setting everywhere (every rank on GPU 0 under MPS), so results compare
 # across machines; the faithful 2x2 spreads a machine's ranks over the GPUs there are.
 E="python3 benchmarks/emulate.py --physical-gpus 1"
@@ -127,6 +147,53 @@ bench() {  # bench NAME TIMEOUT_S EMULATE_ARGS... -- BENCH_ARGS...: with JSON an
 
 pytest_summary() {  # the result lines of a pytest log
   grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed|skipped|errors?)" "$@" | tail -20
+}
+
+# four_rows LINK TOPO...: per topology (MxD) the faithful fp32 sweep on every GPU there
+# is (E_ALL: one rank per GPU where M*D <= NGPU, else MPS), ringreduce against NCCL
+# default and two-level, then NCCL alone under each FOUR_ALGOS algorithm (NCCL reads
+# NCCL_ALGO once per process); LINK: a rate for --link-cap, or loopback.
+four_rows() {
+  local link=$1; shift
+  local L=(--link-cap "$link"); [ "$link" = loopback ] && L=(--mode loopback)
+  local FS=${FOUR_SIZES:--b 4M -e 256M -f 4} FB=${FOUR_FLAGS:--n 3 -w 1 -r 2 -c 1}
+  for topo in "$@"; do
+    local T=(--machines "${topo%x*}" --gpus-per-machine "${topo#*x}") n="f4_${topo}_$link"
+    EMU=$E_ALL bench "$n" 150 "${T[@]}" "${L[@]}" -- $FS $FB $BUCKETS
+    for algo in ${FOUR_ALGOS:-tree ring}; do
+      step "${n}_$algo" 100 env NCCL_ALGO="allreduce:$algo" $E_ALL "${T[@]}" "${L[@]}" -- \
+        $FS $FB $BUCKETS --only-references --json "$W/${n}_$algo.json"
+    done
+  done
+}
+
+# four_wires LINK TOPO: one AVG call per wire format against NCCL fp32 and torch's bf16 hook
+four_wires() {
+  local L=(--link-cap "$1"); [ "$1" = loopback ] && L=(--mode loopback)
+  step "f4_$2_$1_wires" 120 $E_ALL --machines "${2%x*}" --gpus-per-machine "${2#*x}" \
+    "${L[@]}" --script benchmarks/compressed.py -- --sizes "${COMPRESSED_SIZES:-16M,64M}" \
+    --rounds 3 --json "$W/f4_$2_$1_wires.json"
+}
+
+# four_summary: each wire run's table, the probe's choice per run, then (last) the merged
+# table of every f4_ run: ratio per row against the best reference
+four_summary() {
+  for f in "$W"/f4_*_wires.log; do [ -f "$f" ] || continue; echo "== $(basename "$f" .log)"
+    grep -E "^#|^ +[0-9]+ " "$f" | tail -14; done
+  echo "== the construction probe's choice per run (describe())"
+  python3 - "$W" <<'PY'
+import pathlib, re, sys
+for log in sorted(pathlib.Path(sys.argv[1]).glob("f4_*.log")):
+    if re.search(r"_(tree|ring|wires)$", log.stem):
+        continue
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.search(r"^# ringreduce: .*?((?:below \S+ MiB: )?plan=.*?), slice_bytes=", line)
+        if m:
+            print(f"{log.stem}: {m.group(1)}")
+            break
+PY
+  python3 -m ringreduce.benchmark.summary $(ls "$W"/f4_*.json | grep -v _wires) \
+    --json "$R/$suite.json" ${PLOT[@]+"${PLOT[@]}" "$R/$suite.png"} 2>&1
 }
 
 case "$suite" in
@@ -366,6 +433,39 @@ host)
     for f in "$W"/host_ddp_*.log; do echo "== $(basename "$f" .log)"
       grep -iE "hook|samples/s|mode " "$f" | grep -vE "Warning|warn" | tail -12; done
   } > "$W/summary_body.txt" ;;
+four)
+  # Estimated from the faithful runs on two GPUs (results 2026-11-27-h100x2-one-path,
+  # 2026-11-26-h100x2-faithful: 16-40 s a sweep, 16-25 s a references-only run, a wire
+  # run ~30 s): 10 Gbit/s 2x2 ~80 s, 2x4 ~90 s, 4x2 ~100 s with their references, the wires
+  # ~70 s, so ~350 s; then 2x2 at 25 Gbit/s (~50 s) and loopback (~60 s) within BUDGET_S.
+  export RINGREDUCE_TIMEOUT=${RINGREDUCE_TIMEOUT:-90}
+  step info 30 python3 -m ringreduce.info
+  four_rows 10gbit ${FOUR_TOPOS:-2x2 2x4 4x2}
+  for topo in ${FOUR_WIRE_TOPOS:-2x2 2x4}; do four_wires 10gbit "$topo"; done
+  for link in ${FOUR_MORE_LINKS:-25gbit loopback}; do four_rows "$link" 2x2; done
+  four_summary > "$W/summary_body.txt" ;;
+four_host)
+  # ~90 s of tests, ~60 + 25 s of hook times, 4x4 ~110 s with its references, the 4x2
+  # wires ~45 s; then 2x4 and 4x2 at 25 Gbit/s and loopback while BUDGET_S lasts.
+  export RINGREDUCE_TIMEOUT=${RINGREDUCE_TIMEOUT:-90}
+  step info 30 python3 -m ringreduce.info
+  step probe_tests ${TESTS_S:-150} python3 benchmarks/emulate.py --mps-only -- \
+    env RINGREDUCE_GPU_TOPOLOGIES=2x2 RR_MPS=1 python3 -m pytest -m gpu tests/test_gpu_probe.py \
+    tests/test_gpu.py -k "${TESTS_K-probe or collectives_are_exact}" -p no:cacheprovider -v -rs -s
+  for size in 25M 4M; do
+    step "hooks_$size" ${HOST_S:-100} $E_ALL --machines 2 --gpus-per-machine 2 $CAP \
+      --script benchmarks/native_host.py -- --size $size --calls ${HOST_CALLS:-32} \
+      --ways ${HOOK_WAYS:-native/auto,native/auto+int8} --hooks --profile "${HOOK_PROFILE:-}"
+  done
+  four_rows 10gbit ${FOUR_HOST_TOPOS:-4x4}
+  four_wires 10gbit 4x2
+  for link in ${FOUR_MORE_LINKS:-25gbit loopback}; do four_rows "$link" 2x4 4x2; done
+  { pytest_summary "$W/probe_tests.log"
+    grep -hE "^ *[0-9]+ machines x" "$W/probe_tests.log" | sort -u | head -4
+    for f in "$W"/hooks_*.log; do echo "== $(basename "$f" .log) (vs_nccl of hook: rows = over torch's allreduce_hook)"
+      grep -hoE "plan=[a-z-]+[^,]*: probe at [^;]*" "$f" | sort -u | head -3
+      grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|hook:)[/0-9A-Za-z+:]* (sync|async)" "$f"; done
+    four_summary; } > "$W/summary_body.txt" ;;
 native)
   step info 30 python3 -m ringreduce.info
   host() {  # host TOPOLOGY MODE: native_host.py there, under MPS (emulate.py's auto)

@@ -32,7 +32,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +64,15 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+TORCH_HOOK = "hook:torch async"
+"""torch's ``allreduce_hook`` (``--hooks``): the reference of every DDP hook way."""
+
+
 def reference(way: str) -> str:
-    """The way a way's paired ratio divides by: NCCL's own call of the same mode."""
+    """The way a way's paired ratio divides by: NCCL's own call of the same mode; for
+    a DDP hook (``hook:...``), torch's ``allreduce_hook``."""
+    if way.startswith("hook:"):
+        return TORCH_HOOK
     return f"nccl {way.rsplit(' ', 1)[1]}"
 
 
@@ -240,7 +247,8 @@ def report(rows: dict[str, tuple[Any, ...]], profiles: dict[str, cProfile.Profil
     print(f"# {torch.cuda.get_device_name(device)}, {dist.get_world_size()} ranks, {size} "
           f"bytes fp32, {calls} samples; host_idle: median host time on an idle pipeline "
           f"(every way in turn), own_cpu: the calling thread's CPU time in it (median), "
-          f"vs_nccl: median of host_idle over NCCL's of the same round and mode; "
+          f"vs_nccl: median of host_idle over NCCL's of the same round and mode (hook:... "
+          f"rows: over torch's allreduce_hook's, {TORCH_HOOK!r}); "
           f"stream: {calls} back-to-back calls (host per call, CPU per call, busy cores, "
           f"wall per call; speed = NCCL's wall / this way's, same mode)")
     print(f"{'way':<20} {'host_idle_us':>13} {'own_cpu_us':>11} {'vs_nccl':>8} "
@@ -359,9 +367,24 @@ def pieces(comm: ringreduce.Communicator, base: torch.Tensor,
     }
 
 
+def hooks(comms: dict[str, ringreduce.Communicator],
+          ring: Iterator[torch.Tensor]) -> dict[str, Callable[[], object]]:
+    """DDP's hook on a bucket (``--hooks``), in turns with the other ways: torch's
+    ``allreduce_hook`` (its body: divide, NCCL's all-reduce, ``then``) and ringreduce's
+    (``ringreduce.ddp_hook``'s body, Communicator._hook_all_reduce) on each way's
+    communicator: with an 8-bit wire the compressed route where the communicator takes
+    it, without error feedback (that needs DDP's GradBucket)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    out: dict[str, Callable[[], object]] = {
+        TORCH_HOOK: lambda: default_hooks._allreduce_fut(None, next(ring))}  # type: ignore[arg-type]
+    for name, comm in comms.items():
+        out[f"hook:{name} async"] = lambda c=comm: c._hook_all_reduce(next(ring))
+    return out
+
+
 def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
               machines: int | None, names: list[str], profile: list[str],
-              with_pieces: bool = False) -> None:
+              with_pieces: bool = False, with_hooks: bool = False) -> None:
     say: Say = print if launch.rank == 0 else (lambda *a, **k: None)
     comms = build_comms(machines, names)
     say(f"# built {len(comms)} communicators", flush=True)
@@ -383,6 +406,8 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
                                                                    feedback=k)
     if with_pieces:
         ways |= pieces(comms["native/one"], base, device)
+    if with_hooks:
+        ways |= hooks(comms, ring)
     rows = measure(ways, calls, device, say)
     profiles = profile_native(ways, calls, device, profile)
     settle(device)
@@ -406,6 +431,9 @@ def main() -> None:
                    default=["native sync", "native async"],
                    help="ways profiled with cProfile on an idle pipeline, e.g. "
                         "'python sync'")
+    p.add_argument("--hooks", action="store_true",
+                   help="also DDP's hook: torch's allreduce_hook against ringreduce's on each "
+                        "way's communicator, in turns (vs_nccl: over torch's hook)")
     p.add_argument("--pieces", action="store_true",
                    help="also time a one-slice call's and DDP's hook's parts alone (pieces(); "
                         "needs the way native/one)")
@@ -417,7 +445,7 @@ def main() -> None:
     run_ranks(lambda launch, device: rank_body(launch, device, args.size, args.calls,
                                                args.machines,
                                                args.ways + [f"native/{x}" for x in args.slices],
-                                               args.profile, args.pieces))
+                                               args.profile, args.pieces, args.hooks))
 
 
 if __name__ == "__main__":

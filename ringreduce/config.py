@@ -168,9 +168,12 @@ class Config:
     """How a hierarchical all-reduce is issued (``RINGREDUCE_PLAN``; plan/slicing.py):
     ``"one-slice"``, three collectives (reduce-scatter inside the machine, all-reduce
     along the rail, all-gather inside), or ``"pipelined"``, the sliced five-stage
-    pipeline. ``None`` (the default): on CUDA a probe at construction times a 16 MiB
-    call on each plan and takes one slice unless the pipeline is more than 5% faster
-    (execution/probe.py); on the CPU (gloo) the pipeline.
+    pipeline. ``None`` (the default): on CUDA a probe at construction times 4 and
+    16 MiB calls on NCCL's flat all-reduce, one slice and the pipeline (and an 8- or
+    4-bit wire against them) and takes the fastest per size, a route with fewer
+    collectives within the probe's noise (plan/slicing.py, execution/probe.py); on
+    the CPU (gloo) the pipeline. A given plan is always taken (no probe; an 8- or
+    4-bit wire then always taken too).
     ``ringreduce.info`` and each call's flight record say which plan and why."""
 
     def __post_init__(self) -> None:

@@ -6,10 +6,12 @@ An all-reduce takes one of four routes, each a deliberate decision:
   * one machine (M == 1), or a tensor below ``min_bytes``: NCCL's (gloo's) own flat
     all-reduce on the whole group, because on NVLink alone and for latency-bound
     sizes nothing beats it (Fairring lost both cases by not having this route);
-  * otherwise the plan the Communicator chose at construction (plan/slicing.py): one
-    slice (one_slice.py: three collectives) or the pipeline of pipeline.py, with
+  * otherwise the route the Communicator chose at construction by measuring them
+    (plan/slicing.py, execution/probe.py): NCCL's flat all-reduce, one slice
+    (one_slice.py: three collectives) or the pipeline of pipeline.py, with
     reduce-scatter and all-gather skipped when each machine has one device;
-  * with an 8- or 4-bit wire, the compressed route (compressed.py).
+  * with an 8- or 4-bit wire, the compressed route (compressed.py), where the probe
+    did not find exact as fast (a call's own ``wire=`` always takes it).
 The CUDA route only enqueues work (no host-device synchronisation); the CPU route
 runs the same plan over gloo on one worker thread, so calls keep their order.
 """
@@ -166,14 +168,16 @@ class Communicator(Calls):
         op_name = checks.op_name(op)
         checks.tensor(t, "all_reduce", "t", self._res.device)
         quantized = call_wire(self.config, wire, feedback, t, op_name)
-        if quantized is not None and not self._issuer.route_flat(t):
-            return self._compressed(t, op_name, async_op, quantized, feedback)
+        if quantized is not None and self._issuer.takes_wire(t, wire is not None):
+            # the probe's reason where it chose the wire; a call's own wire= is its own
+            why = "" if wire is not None else self._issuer.choice(t).why
+            return self._compressed(t, op_name, async_op, quantized, feedback, why)
         return self._call("all_reduce", t, op_name, async_op, t,
                           lambda rec: self._issuer.all_reduce(t, op_name, async_op, rec),
                           lambda rec: self._issuer.execute(t, op_name, rec))
 
     def _compressed(self, t: torch.Tensor, op: str, async_op: bool, wire: str,
-                    feedback: str | None) -> torch.futures.Future[torch.Tensor] | None:
+                    feedback: str | None, why: str) -> torch.futures.Future[torch.Tensor] | None:
         """An all_reduce on the compressed route (execution/compressed.py): unpipelined,
         on the last stage's stream (CUDA; replayed natively where it can be). The wire
         format is part of the call's fingerprint, so ranks that pass different ones
@@ -187,13 +191,17 @@ class Communicator(Calls):
                 feedback, t.numel(), wire, topo.machines, k, t.device)
             return Spec(wire, block, errors)
 
+        def on_cuda(rec: Record) -> Any:
+            rec.why = why
+            return issuer.compressed(tt, op, spec(), async_op, rec)
+
         def on_cpu(rec: Record) -> None:
+            rec.why = why
             s = spec()
             compressed.all_reduce(tt, op, s.format, block, s.errors, issuer.ctx(rec),
                                   compressed.On(None, "", compressed.Scratch(t.device)))
         return self._call("all_reduce", t, f"{op} wire={wire}", async_op, t,
-                          lambda rec: issuer.compressed(tt, op, spec(), async_op, rec),
-                          on_cpu, f"compressed {wire}")
+                          on_cuda, on_cpu, f"compressed {wire}")
 
     def reset_feedback(self, key: str | None = None) -> None:
         """Forget the error feedback kept under ``key`` (every key's when None), from

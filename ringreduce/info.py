@@ -79,10 +79,13 @@ def lines(config: Config | None = None) -> list[str]:
     out.append(f"issuer for a CUDA call: {chosen if not why else 'python (' + why + ')'}")
     out.append("plan of a hierarchical call: " + (
         f"{config.plan} (set by plan= / RINGREDUCE_PLAN)" if config.plan else
-        "chosen at construction: on CUDA a probe times a call on each plan and takes "
-        "one slice (three collectives) unless the pipeline is more than "
-        f"{slicing.ONE_SLICE_MARGIN:.0%} faster; on the CPU the pipeline; each "
-        "Communicator's describe() and flight records say which and why"))
+        "chosen at construction: on CUDA a probe times calls of "
+        f"{' and '.join(f'{b >> 20} MiB' for b in slicing.probe_sizes(config.min_bytes))} "
+        "on NCCL's flat all-reduce, one slice (three collectives) and the pipeline (and an "
+        "8- or 4-bit wire against them) and takes the fastest, a route with fewer "
+        f"collectives within a margin ({slicing.MIN_MARGIN:.0%}-{slicing.MAX_MARGIN:.0%}, "
+        "the probe's spread); on the CPU the pipeline; each Communicator's describe() "
+        "and flight records say which and why"))
     return out
 
 

@@ -70,8 +70,11 @@ def carry_on(rank: int, ranks: Sequence[int], machines: int, device: torch.devic
                     f"rank {rank}: all-reduce on a new Communicator after the fault")
         record = comm._res.guard.recorder.last()
         assert record is not None
-        route = record.route  # hierarchical: either plan, as the construction probe chose
-        assert route in ({"hierarchical", ONE_SLICE} if machines > 1 else {"flat"}), route
+        # hierarchical: either plan, as the construction probe chose; or NCCL's own call
+        # where the probe found it the fastest at this size
+        route = record.route
+        flat = machines == 1 or comm._res.plan.at(t.numel() * t.element_size()).flat
+        assert route in ({"flat"} if flat else {"hierarchical", ONE_SLICE}), route
 
 
 def _survivors_communicator(rank: int, ranks: list[int], machines: int,

@@ -184,3 +184,42 @@ def test_unequal_machines_take_the_flat_route() -> None:
     """As gloo and NCCL reduce such groups: flat, exact, never an error."""
     hosts = ("big", "big", "small")
     run_test_ranks(_uneven_worker, 3, env=[{"NCCL_HOSTID": h} for h in hosts])
+
+
+def _probe_choice_worker(rank: int, world: int) -> None:
+    """A choice like the construction probe's (it runs on CUDA only; here set after
+    construction): small calls flat and exact, large ones one slice on the int8 wire.
+    Each call takes its size's route, says why, and the exact ones are exact."""
+    from ringreduce.plan import slicing
+    small = slicing.Timing(64, {"flat": (1e-4,), "one-slice": (2e-4,), "pipelined": (3e-4,),
+                                "wire": (1.5e-4,)})
+    large = slicing.Timing(1024, {"flat": (3e-3,), "one-slice": (1e-3,), "pipelined": (2e-3,),
+                                  "wire": (2e-4,)})
+    with ringreduce.Communicator(machines=2, min_bytes=0, wire="int8") as comm:
+        comm._res.plan = slicing.choose([small, large])
+        assert comm._res.plan.split_bytes == 256
+        assert "below 256 bytes" not in comm.describe()  # MiB, as a probe's sizes are
+        assert comm._res.plan.summary in comm.describe()
+        records = comm._res.guard.recorder
+
+        def call(numel: int, dtype: torch.dtype, **kw: str) -> tuple[str, str]:
+            t = torch.arange(numel, dtype=dtype) % 7 + rank  # small integers: exact sums
+            ref = t.clone()
+            comm.all_reduce(t, **kw)
+            dist.all_reduce(ref)
+            last = records.last()
+            assert last is not None
+            if not last.route.startswith("compressed"):
+                assert torch.equal(t, ref), (numel, dtype, last.route)
+            return last.route, last.why
+
+        assert call(16, torch.float32) == ("flat", comm._res.plan.below.why)  # 64 B: exact
+        assert call(16, torch.int32)[0] == "flat"
+        assert call(16, torch.float32, wire="int8")[0] == "compressed int8"  # asked for
+        route, why = call(256, torch.float32)
+        assert route == "compressed int8" and why == comm._res.plan.why
+        assert call(256, torch.int32) == ("one-slice", comm._res.plan.why)
+
+
+def test_each_call_takes_the_route_chosen_for_its_size() -> None:
+    run_test_ranks(_probe_choice_worker, 4)

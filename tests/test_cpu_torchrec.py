@@ -224,7 +224,5 @@ def _shared_worker(rank: int, world: int) -> None:
         comm.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 49 item 1: both DDPs have a bucket 0, so a "
-                   "shared Communicator resets their error feedback at every call")
 def test_dmp_one_communicator_for_both_ddps_keeps_each_ones_feedback() -> None:
     run_test_ranks(_shared_worker, 4, env=ENV, timeout=240)

@@ -68,8 +68,8 @@ def _exact_worker(rank: int, world: int, machines: int) -> None:
         _one_slice(comm, rank, devices, machines, dev)
     with ringreduce.Communicator() as comm:  # defaults: the probe's plan, 1 MiB flat threshold
         plan = comm._res.plan
-        assert plan.plan in ("one-slice", "pipelined") and "probe" in plan.reason, plan
-        probe_calls = 2 * (slicing.PROBE_WARMUP + slicing.PROBE_PASSES * slicing.PROBE_ROUNDS)
+        assert plan.plan in slicing.ROUTES and "probe" in plan.reason, plan
+        probe_calls = slicing.probe_calls(comm.config.min_bytes, lossy=False)
         assert comm._res.probe_calls == probe_calls, comm.op_number
         sweep(comm, [1000, 3 << 20], dev, dtypes=(torch.float32, torch.bfloat16))
     _blocks(rank, world, machines, dev)

@@ -50,7 +50,9 @@ def _construction_worker(rank: int, world: int) -> None:
     engine = odd.communicator(dev)
     assert engine.config.timeout_s == 30.0 and engine.topology.machines == SMALL[0]
     routes = {r.route.split(" (")[0] for r in engine._res.guard.recorder._records}
-    assert routes == {"one-slice" if engine._res.plan.one_slice else "hierarchical"}, routes
+    plan = engine._res.plan.at(t.numel() * t.element_size())  # the probe's, at this size
+    assert routes == {"one-slice" if plan.one_slice else "flat" if plan.flat
+                      else "hierarchical"}, routes
     torch.cuda.synchronize()
 
 

@@ -181,3 +181,17 @@ def test_quantized_wire_rows_print_their_route() -> None:
         ["hier", "flat", "int8", "-"]
     assert [nccl_algo_label(v) for v in (None, "allreduce:tree;broadcast:ring", "Ring")] == \
         ["default", "tree", "ring"]
+
+
+def test_summary_gives_a_flat_rows_ratios() -> None:
+    """A row on the flat route (the probe may choose NCCL's own call above min_bytes) is
+    still measured against NCCL's other algorithms and two-level: never slower covers it."""
+    from ringreduce.benchmark import summary
+
+    runs = {"main": _run(None, route="flat", wire="-", rr_time_us=100.0, ref_time_us=101.0,
+                         two_level_time_us=95.0, ratio=1.01, two_level_ratio=0.95),
+            "tree": _run("allreduce:tree", wire="-", ref_time_us=90.0)}
+    summary.merge(runs)
+    (line,) = [x for x in summary.table(runs).splitlines() if x.startswith("main")]
+    assert " flat " in line and "0.90 tree" in line and "0.90 NCCL tree" in line, line
+    assert "same library" not in line

@@ -166,9 +166,11 @@ def test_auto_takes_the_plan_slicing_choose_would(c: Cluster, want: str) -> None
     nbytes = slicing.PROBE_BYTES
     one, piped = (probe.probe_us(c, Options(plan=p), nbytes) for p in slicing.PLANS)
     planned = probe.engine_plan(c, Options())
-    assert planned.plan == slicing.choose(one / 1e6, piped / 1e6, nbytes).plan == want
+    timing = slicing.Timing(nbytes, {slicing.ONE_SLICE: (one / 1e6,),
+                                     slicing.PIPELINED: (piped / 1e6,)})
+    assert planned.plan == slicing.choose([timing], probe.MODEL_MARGIN).plan == want
     assert planned.brief == f"{one / 1e3:.2f}/{piped / 1e3:.2f}"
-    assert planned.probed and planned.choice.reason.startswith("predicted: a 16 MiB call")
+    assert planned.probed and planned.choice.reason.startswith("predicted: probe at 16 MiB")
     # the rows are priced on it, as Options(plan=...) prices them
     assert planned.options(Options()) == Options(plan=want)
 
@@ -206,7 +208,7 @@ def test_cli_prices_the_plan_the_engine_would_take(capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     c = cli.cluster_from(cli.build_parser().parse_args(flags))
     assert auto["plan"] == probe.engine_plan(c, Options()).plan == "pipelined"
-    assert "one slice unless the pipeline is more than 5% faster" in out
+    assert f"the faster, one slice within {probe.MODEL_MARGIN:.0%}" in out
     assert out.splitlines()[-1].split()[-2:] == ["pipelined", auto["why"]]
     for plan in slicing.PLANS:
         (row,) = cli.main([*flags, "--plan", plan])

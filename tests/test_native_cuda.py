@@ -304,8 +304,11 @@ def _compressed_replay_worker(rank: int, world: int) -> None:
     call on the same inputs and keys: bit-identical results and feedback, synchronous
     and asynchronous, exact and padded sizes, across a reset and a size change."""
     dev = torch.device("cuda", torch.cuda.current_device())
-    with ringreduce.Communicator(min_bytes=0, wire="int8") as ours, \
-            ringreduce.Communicator(min_bytes=0, wire="int8", issuer="python") as python, \
+    # a plan given: no probe, so every call takes the wire (the probe may find exact
+    # as fast, and the two communicators could decide differently)
+    with ringreduce.Communicator(min_bytes=0, wire="int8", plan="one-slice") as ours, \
+            ringreduce.Communicator(min_bytes=0, wire="int8", issuer="python",
+                                    plan="one-slice") as python, \
             _diagnosed(ours, rank):
         assert ours._res.native is not None and python._res.native is None
         topo = ours.topology

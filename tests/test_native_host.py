@@ -54,6 +54,9 @@ def test_reference_is_nccl_of_the_same_mode() -> None:
     reference = _native_host()["reference"]
     assert reference("p:issue async") == "nccl async"
     assert reference("native/one sync") == "nccl sync"
+    # DDP's hooks against torch's allreduce_hook
+    assert reference("hook:native/auto+int8 async") == reference("hook:torch async") == \
+        "hook:torch async"
 
 
 def test_report_puts_each_measure_in_its_column(monkeypatch: Any, capsys: Any) -> None:

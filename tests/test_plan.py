@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from ringreduce.config import Config, internal_settings
-from ringreduce.plan import layout, schedule, topology
+from ringreduce.plan import layout, schedule, slicing, topology
 
 GEOMETRIES = [(1, 2), (2, 2), (4, 1), (3, 2), (8, 4), (1, 1)]
 
@@ -325,10 +325,90 @@ def test_config_names_the_plans_of_plan_slicing() -> None:
     assert config.PLANS == slicing.PLANS
 
 
-def test_the_probe_takes_one_slice_unless_the_pipeline_is_clearly_faster() -> None:
-    from ringreduce.plan import slicing
-    assert slicing.choose(0.0104, 0.0100, 16 << 20).one_slice  # within 5%: one slice
-    chosen = slicing.choose(0.0227, 0.0150, 16 << 20)
-    assert chosen.plan == slicing.PIPELINED and "22.70 ms on one slice" in chosen.reason
-    with pytest.raises(ValueError, match="positive"):
-        slicing.choose(0.0, 0.01, 1)
+MiB = 1 << 20
+
+
+def _timing(nbytes: int = 16 * MiB, **passes: tuple[float, ...]) -> slicing.Timing:
+    return slicing.Timing(nbytes, {k.replace("_", "-"): v for k, v in passes.items()})
+
+
+def test_the_probe_takes_the_fastest_route_and_says_by_how_much() -> None:
+    for fast, want in (("flat", slicing.FLAT), ("one_slice", slicing.ONE_SLICE),
+                       ("pipelined", slicing.PIPELINED)):
+        times = {"flat": (0.020, 0.020), "one_slice": (0.021, 0.021),
+                 "pipelined": (0.022, 0.022), fast: (0.010, 0.010)}
+        chosen = slicing.choose_at(_timing(**times))
+        assert (chosen.plan, chosen.wire) == (want, True), chosen
+        runner = min((v[0], k.replace("_", "-")) for k, v in times.items() if k != fast)
+        assert f"{want} is the fastest, by {runner[0] / 0.010 - 1:.1%} over {runner[1]}" \
+            in chosen.reason, chosen.reason
+        assert "probe at 16 MiB" in chosen.reason and "10.00 ms" in chosen.reason
+
+
+def test_within_the_margin_the_route_with_fewer_collectives_is_taken() -> None:
+    # flat 0.5% slower than one slice, the passes alike: the margin's floor (1%) covers it
+    chosen = slicing.choose_at(_timing(flat=(0.01005,), one_slice=(0.0100,),
+                                       pipelined=(0.0101,)))
+    assert chosen.flat and "within the margin of one-slice (0.5% slower)" in chosen.reason
+    # one slice within 1% of the pipeline: one slice
+    assert slicing.choose_at(_timing(flat=(0.02,), one_slice=(0.01009,),
+                                     pipelined=(0.0100,))).one_slice
+
+
+def test_the_margin_is_the_probes_spread_clamped() -> None:
+    # flat's best pass 2% slower than one slice's
+    quiet = _timing(flat=(0.0102, 0.0103), one_slice=(0.0100, 0.0100))
+    noisy = _timing(flat=(0.0102, 0.0105), one_slice=(0.0100, 0.0100))
+    assert slicing.margin(quiet) == slicing.MIN_MARGIN  # spread 0.98%: the floor
+    assert slicing.margin(noisy) == pytest.approx(0.0105 / 0.0102 - 1)
+    assert slicing.choose_at(quiet).one_slice  # 2% is beyond the noise
+    assert slicing.choose_at(noisy).flat  # 2% is within it
+    assert "margin 2.9% (the passes' spread)" in slicing.choose_at(noisy).reason
+    wild = _timing(flat=(0.0104, 0.02), one_slice=(0.0100, 0.0100))
+    assert slicing.margin(wild) == slicing.MAX_MARGIN
+    assert slicing.choose_at(wild).one_slice  # 4% slower: beyond the ceiling
+
+
+def test_a_lossy_wire_is_taken_only_where_exact_is_slower() -> None:
+    exact = {"flat": (0.016,), "one_slice": (0.014,), "pipelined": (0.015,)}
+    fast = slicing.choose_at(_timing(**exact, wire=(0.004,)))
+    assert (fast.plan, fast.wire) == (slicing.ONE_SLICE, True)
+    assert "the wire is faster than one-slice by 250.0%" in fast.reason
+    for wire in (0.0139, 0.014, 0.020):  # within the margin, as fast, slower: exact
+        chosen = slicing.choose_at(_timing(**exact, wire=(wire,)))
+        assert (chosen.plan, chosen.wire) == (slicing.ONE_SLICE, False), wire
+        assert "exact taken" in chosen.reason and "wire=exact" in chosen.why
+
+
+def test_two_probe_sizes_split_at_their_geometric_mean() -> None:
+    small = _timing(4 * MiB, flat=(0.004,), one_slice=(0.003,), pipelined=(0.005,))
+    large = _timing(16 * MiB, flat=(0.016,), one_slice=(0.014,), pipelined=(0.010,))
+    chosen = slicing.choose([large, small])
+    assert chosen.split_bytes == 8 * MiB and chosen.below is not None
+    assert chosen.at(1).one_slice and chosen.at(8 * MiB - 1).one_slice
+    assert chosen.at(8 * MiB).plan == chosen.at(1 << 30).plan == slicing.PIPELINED
+    assert chosen.summary.startswith("below 8 MiB: plan=one-slice: probe at 4 MiB")
+    assert "; from 8 MiB: plan=pipelined: probe at 16 MiB" in chosen.summary
+    one = slicing.choose([large])
+    assert one.below is None and one.at(1) is one and one.summary == one.why
+
+
+def test_the_probes_sizes_and_calls() -> None:
+    assert slicing.probe_sizes(1 * MiB) == (4 * MiB, 16 * MiB)
+    assert slicing.probe_sizes(8 * MiB) == (8 * MiB, 16 * MiB)
+    assert slicing.probe_sizes(32 * MiB) == (32 * MiB,)
+    per_route = slicing.PROBE_WARMUP + slicing.PROBE_PASSES * slicing.PROBE_ROUNDS
+    assert slicing.probe_calls(1 * MiB, False) == 2 * 3 * per_route
+    assert slicing.probe_calls(32 * MiB, True) == 1 * 4 * per_route
+
+
+def test_the_probes_times_are_checked() -> None:
+    for bad in ((0.0,), (-1.0,), (float("nan"),), (float("inf"),), ()):
+        with pytest.raises(ValueError, match="positive and finite"):
+            slicing.choose_at(_timing(flat=bad, one_slice=(0.01,)))
+    with pytest.raises(ValueError, match="no exact route"):
+        slicing.choose_at(_timing(wire=(0.01,)))
+    with pytest.raises(ValueError, match="is not one of"):
+        slicing.choose_at(_timing(flat=(0.01,), sliced=(0.01,)))
+    with pytest.raises(ValueError, match="one or two sizes"):
+        slicing.choose([_timing(flat=(0.01,))] * 3)

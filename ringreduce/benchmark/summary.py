@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .references import nccl_algo_label
-from .report import FLAT_NOTE, headline, route_label, size_label
+from .report import headline, route_label, size_label
 
 _ALGO_KEYS = {"ref": ("nccl_best_time_us", "nccl_best_algo"),
               "wire_ref": ("wire_ref_best_time_us", "wire_ref_best_algo")}
@@ -116,7 +116,9 @@ def table(runs: dict[str, dict[str, Any]]) -> str:
     lines = ["# ratio = reference time / ringreduce time (> 1: ringreduce faster); vs flat: "
              "NCCL in the same run; NCCL best: the fastest NCCL_ALGO over the runs of the "
              "setting; best ref: the fastest of NCCL best, two-level and NCCL in the wire "
-             "dtype (bf16_compress_hook); eff = link efficiency (T_min / t)", head]
+             "dtype (bf16_compress_hook); eff = link efficiency (T_min / t); route flat: "
+             "ringreduce took NCCL's own all-reduce (below min_bytes, or the construction "
+             "probe found it fastest), its vs flat ~1 by construction", head]
     for name, run in runs.items():
         meta = run["meta"]
         topo = f"{meta['machines']}x{meta['devices']}"
@@ -138,15 +140,14 @@ def _line(name: str, topo: str, where: str, row: dict[str, Any]) -> str:
     wrong = sum(row.get(f"{k}_wrong") or 0 for k in ("rr", "ref", "two_level", "wire_ref"))
     text = (f"{name:<18} {topo:>5} {where:<22} {size:>9} {route_label(row['route']):>5} "
             f"{row['rr_time_us'] / 1e3:>9.2f}")
-    if row["route"] == "flat":
-        text += f" {FLAT_NOTE:>17} {'':>17} {'':>24}"
-    else:
-        best = row.get("nccl_best_time_us")
-        nccl = f"{_fmt(best / row['rr_time_us'] if best else None)} " \
-               f"{row.get('nccl_best_algo') or '':<7}"
-        ref = f"{_fmt(row.get('best_ref_ratio'))} {row.get('best_ref') or '':<19}"
-        text += (f" {_fmt(row['ratio']):>8} {_fmt(row.get('two_level_ratio')):>8} "
-                 f"{nccl:>17} {ref:>24}")
+    # a flat row's ratios too: the route was chosen (below min_bytes, or the probe found
+    # NCCL's own call fastest), and NCCL's other algorithms and two-level may beat it
+    best = row.get("nccl_best_time_us")
+    nccl = f"{_fmt(best / row['rr_time_us'] if best else None)} " \
+           f"{row.get('nccl_best_algo') or '':<7}"
+    ref = f"{_fmt(row.get('best_ref_ratio'))} {row.get('best_ref') or '':<19}"
+    text += (f" {_fmt(row.get('ratio')):>8} {_fmt(row.get('two_level_ratio')):>8} "
+             f"{nccl:>17} {ref:>24}")
     return text + (f" {_fmt(row.get('rr_link_eff')):>6} {_fmt(row.get('ref_link_eff')):>8}"
                    f" {wrong:>5}")
 

@@ -15,7 +15,7 @@ def describe(res: Resources, config: Config) -> str:
     t, r, c = res.topo, res, config
     return (f"{t.machines} machines x {t.devices_per_machine} devices, "
             f"{'cuda (nccl ' + str(r.nccl_version) + ')' if r.is_cuda else 'cpu (gloo)'}, "
-            f"plan={r.plan.plan} ({r.plan.reason}), "
+            f"{r.plan.summary}, "
             f"slice_bytes={_slice_range(r)}, staging_bytes={c.staging_bytes} "
             f"({r.staging_slots} slots), min_bytes={c.min_bytes}, "
             f"wire={_wire_text(c)}, diffuse_gather={int(c.diffuse_gather)}, "

@@ -30,7 +30,7 @@ from ringreduce.execution.resources import Resources
 from ringreduce.execution.streams import FLAT
 from ringreduce.plan import schedule
 from ringreduce.plan.schedule import DONE, ENTRY
-from ringreduce.plan.slicing import ONE_SLICE
+from ringreduce.plan.slicing import ONE_SLICE, Choice
 from ringreduce.safety.flight import Record
 
 CALLER = "caller"
@@ -63,14 +63,35 @@ class Issuer:
         return (topo.machines > 1 and topo.devices_per_machine > 1
                 and whole.numel() * whole.element_size() >= self.config.min_bytes)
 
-    def route_flat(self, t: torch.Tensor) -> bool:
+    def choice(self, t: torch.Tensor) -> Choice:
+        """The route chosen for a call of ``t``'s size (Resources.plan, the probe's)."""
+        return self.res.plan.at(t.numel() * t.element_size())
+
+    def below_hierarchy(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` takes the flat route whatever was chosen (one machine, or below
+        ``min_bytes``)."""
         return (self.res.topo.machines == 1
                 or t.numel() * t.element_size() < self.config.min_bytes)
+
+    def route_flat(self, t: torch.Tensor) -> bool:
+        """Whether an exact all_reduce of ``t`` takes NCCL's flat all-reduce: below the
+        hierarchy, or where the probe found it fastest (a float32 call narrowed by a
+        16-bit wire keeps the pipeline: the probe did not time that wire)."""
+        return self.below_hierarchy(t) or (self.choice(t).flat and not self._narrows(t))
 
     def one_slice(self, t: torch.Tensor) -> bool:
         """Whether a hierarchical all_reduce of ``t`` takes one slice (Resources.plan);
         a 16-bit wire for float32 is the pipeline's (its add narrows the rail rows)."""
-        return self.res.plan.one_slice and (self.wire is None or t.dtype != torch.float32)
+        return self.choice(t).one_slice and not self._narrows(t)
+
+    def takes_wire(self, t: torch.Tensor, explicit: bool) -> bool:
+        """Whether a call the communicator's 8- or 4-bit wire carries takes the compressed
+        route: above the hierarchy's threshold, and where the probe did not find exact as
+        fast at its size; a call's own ``wire=`` (``explicit``) always does."""
+        return not self.below_hierarchy(t) and (explicit or self.choice(t).wire)
+
+    def _narrows(self, t: torch.Tensor) -> bool:
+        return self.wire is not None and t.dtype == torch.float32
 
     def ctx(self, record: Record) -> CallContext:
         return CallContext(self.res, record)
@@ -108,7 +129,7 @@ class Issuer:
             program = None if capturing or not t.numel() or self.route_flat(t) \
                 else native.program(t, op, lambda: self.ctx(record), ONE_SLICE if one else "")
             if program is not None:
-                record.why = self.res.plan.why
+                record.why = self.choice(t).why
                 return self._replay(t, program, async_op, record, ONE_SLICE if one else "")
         return self._from_python(t, async_op, record,
                                  lambda: self.execute(t, op, record, inline=not async_op))
@@ -182,8 +203,10 @@ class Issuer:
         res, ctx = self.res, self.ctx(record)
         if self.route_flat(t):
             record.route = "flat"
+            if not self.below_hierarchy(t):
+                record.why = self.choice(t).why
             return self._unsliced(flat_here, t, op, ctx, inline)
-        record.why = res.plan.why
+        record.why = self.choice(t).why
         if self.one_slice(t):
             record.route = ONE_SLICE
             if res.native is not None:

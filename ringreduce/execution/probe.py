@@ -1,22 +1,27 @@
-"""The construction probe: which plan is faster here, for plan/slicing.choose.
+"""The construction probe: which route is fastest here, for plan/slicing.choose.
 
 Collective: every rank of a CUDA communicator runs it once, at the end of its
-construction, when the plan is not given and a call can take either plan (M > 1, D > 1).
-It makes int32 all-reduces of ``slicing.PROBE_BYTES`` through the communicator itself:
-``PROBE_WARMUP`` on each plan (connections, the native issuer's trace), then
-``PROBE_PASSES`` passes that time each plan in turn, ``PROBE_ROUNDS`` synchronous calls
-between two events on the caller's stream, each plan's fastest pass counting (the
-probe's shape is plan/slicing.py's, which the model prices). So each plan is timed as a
-call runs: the device's work, or the host's where issuing takes longer than the device
-needs; and neither pays alone for what is still warming up when the probe starts.
-Every rank then takes the slowest rank's time of each plan (an all-reduce MAX), so all
-decide alike. The host waits for the device here, at
-construction, never on a call. The probe's calls are numbered and recorded like the
-user's, before them.
+construction, when the plan is not given and a call can take the hierarchy (M > 1,
+D > 1). At each of ``slicing.probe_sizes`` it makes all-reduces through the
+communicator itself on every route of ``slicing.ROUTES`` (NCCL's flat all-reduce on the
+whole group, one slice, the pipeline) on int32 tensors, and with an 8- or 4-bit wire
+also on float32 ones that take the wire: ``PROBE_WARMUP`` calls on each (connections,
+the native issuer's trace), then ``PROBE_PASSES`` passes that time each in turn,
+``PROBE_ROUNDS`` synchronous calls between two events on the caller's stream. So each
+route is timed as a call runs: the device's work, or the host's where issuing takes
+longer than the device needs; and none pays alone for what is still warming up.
+Every rank then takes the slowest rank's time of each pass (an all-reduce MAX), so all
+decide alike, on the route's fastest pass and the passes' spread (the margin). The
+host waits for the device here, at construction, never on a call. The probe's calls
+are numbered and recorded like the user's, before them.
+
+Its cost: sizes x routes x (PROBE_WARMUP + PROBE_PASSES x PROBE_ROUNDS) calls, 48 (64
+with a wire) of 4 and 16 MiB: about 0.5 s at 10 Gbit/s between two machines.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -25,6 +30,7 @@ import torch
 
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
+from ringreduce.execution import quant
 from ringreduce.plan import slicing
 
 if TYPE_CHECKING:
@@ -49,34 +55,49 @@ def plan_without_probe(res: Resources, config: Config) -> slicing.Choice | None:
 
 def compare(res: Resources, all_reduce: Callable[[torch.Tensor], object],
             config: Config) -> slicing.Choice:
-    """Time both plans through ``all_reduce`` (the communicator's, synchronous) and
-    return the faster, agreed over every rank. Leaves ``res.plan`` set to it. A call
-    of ``min_bytes`` at least (smaller ones take the flat route)."""
+    """Time every route through ``all_reduce`` (the communicator's, synchronous) at each
+    probe size and return the choice, agreed over every rank. Leaves ``res.plan`` set
+    to it. Calls of ``min_bytes`` at least (smaller ones take the flat route anyway)."""
     unprobed = slicing.unprobed(config.min_bytes)
     if unprobed is not None:
         res.plan = unprobed
         return res.plan
-    nbytes = slicing.probe_bytes(config.min_bytes)
-    timeout_s = config.timeout_s
-    # int32, not float32: a communicator's wire (bf16's pipeline, int8's compressed
-    # route) takes float32 calls whatever the plan, so they would time the wire's route
-    # on both plans; every other dtype takes the plan, and int32 moves float32's bytes.
-    t = torch.zeros(-(-nbytes // 4), dtype=torch.int32, device=res.device)
-    plans = [slicing.Choice(plan, "the construction probe") for plan in slicing.PLANS]
-    for choice in plans:
-        res.plan = choice
+    routes = slicing.probe_routes(config.wire in quant.FORMATS)
+    sizes = slicing.probe_sizes(config.min_bytes)
+    cases = [(size, route, _tensor(res, size, route)) for size in sizes for route in routes]
+    for _, route, t in cases:
+        res.plan = _forced(route)
         for _ in range(slicing.PROBE_WARMUP):
             all_reduce(t)
-    seconds = [float("inf")] * len(plans)
-    for _ in range(slicing.PROBE_PASSES):
-        for i, choice in enumerate(plans):
-            res.plan = choice
-            seconds[i] = min(seconds[i], _timed(lambda: all_reduce(t), res, timeout_s))
+    seconds = [[0.0] * slicing.PROBE_PASSES for _ in cases]
+    for p in range(slicing.PROBE_PASSES):
+        for i, (_, route, t) in enumerate(cases):
+            res.plan = _forced(route)
+            seconds[i][p] = _timed(functools.partial(all_reduce, t), res, config.timeout_s)
     agreed = torch.tensor(seconds, dtype=torch.float64, device=res.device)
-    all_reduce_max(res, agreed, timeout_s)
-    one, piped = agreed.tolist()
-    res.plan = slicing.choose(one, piped, t.numel() * 4)
+    all_reduce_max(res, agreed, config.timeout_s)
+    slowest = agreed.tolist()
+    timings = [slicing.Timing(size, {route: tuple(slowest[i])
+                                     for i, (at, route, _) in enumerate(cases) if at == size})
+               for size in sizes]
+    res.plan = slicing.choose(timings)
     return res.plan
+
+
+def _forced(route: str) -> slicing.Choice:
+    """The choice that sends the probe's calls down ``route`` (WIRE: the wire's, whose
+    exact plan the float32 call does not take)."""
+    return slicing.Choice(slicing.ONE_SLICE if route == slicing.WIRE else route,
+                          "the construction probe", wire=route == slicing.WIRE)
+
+
+def _tensor(res: Resources, nbytes: int, route: str) -> torch.Tensor:
+    """The probe's tensor of ``nbytes``: float32 for the wire (the dtype it carries),
+    int32 for an exact route. Not float32 there: a communicator's wire (bf16's pipeline,
+    int8's compressed route) takes float32 calls whatever the route, so they would time
+    the wire's route; every other dtype takes the route, and int32 moves float32's bytes."""
+    dtype = torch.float32 if route == slicing.WIRE else torch.int32
+    return torch.zeros(-(-nbytes // 4), dtype=dtype, device=res.device)
 
 
 def _timed(call: Callable[[], object], res: Resources, timeout_s: float) -> float:

@@ -28,7 +28,7 @@ from . import calibrate, results
 from .cluster import DEFAULT_PRESET, PRESETS, Cluster
 from .nccl_cost import link_bound_us, nccl_algo, ring_time_us, tree_time_us
 from .plot import SWEEP
-from .probe import AUTO, CHOICES, Planned, engine_plan
+from .probe import AUTO, CHOICES, MODEL_MARGIN, Planned, engine_plan
 from .simulate import Options, ringreduce_time_us
 
 
@@ -119,8 +119,8 @@ def print_table(c: Cluster, rows: list[dict[str, Any]], buckets: int) -> None:
 def _why_legend(rows: list[dict[str, Any]]) -> str:
     """The "why" column's meaning: the probe's rule where it decided, else each reason."""
     probe = (f"the engine's construction probe, predicted: a {slicing.PROBE_BYTES >> 20} MiB "
-             f"call on one slice/pipelined (ms); one slice unless the pipeline is more than "
-             f"{slicing.ONE_SLICE_MARGIN:.0%} faster (plan/slicing.py)")
+             f"call on one slice/pipelined (ms); the faster, one slice within "
+             f"{MODEL_MARGIN:.0%} (plan/slicing.py)")
     others = {r["why"]: r["reason"] for r in rows if not r["probed"]}
     return "; ".join([probe] * any(r["probed"] for r in rows) +
                      [f"{brief}: {reason}" for brief, reason in others.items()])

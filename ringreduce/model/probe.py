@@ -1,11 +1,14 @@
 """The plan the engine would take on a cluster: its construction probe, priced.
 
 On CUDA the engine times a call on each plan at construction (execution/probe.py) and
-takes one slice unless the pipeline is more than ``slicing.ONE_SLICE_MARGIN`` faster
-(``slicing.choose``). Here the same rule decides on the model's times of the same calls::
+takes the fastest route (``slicing.choose``). Here the same rule decides on the model's
+times of the 16 MiB call on the two hierarchical plans, with ``MODEL_MARGIN`` (the
+model prices neither NCCL's flat route nor the 4 MiB probe here)::
 
     one, piped = probe_us(c, plan) for plan in (one slice, pipelined)
-    choice = slicing.choose(one, piped, slicing.probe_bytes(min_bytes))
+    choice = slicing.choose([Timing(probe_bytes(min_bytes), {ONE_SLICE: (one,),
+                                                              PIPELINED: (piped,)})],
+                            MODEL_MARGIN)
 
 ``probe_us`` is what the probe's clock sees: from the device end of its
 ``PROBE_WARMUP`` calls to the end of its ``PROBE_ROUNDS`` timed ones, per timed call,
@@ -28,6 +31,10 @@ from .simulate import Options, steady_time_us
 AUTO = "auto"
 """``--plan``'s default: the plan the engine's probe would take."""
 CHOICES = (AUTO, *PLANS)
+
+MODEL_MARGIN = slicing.MAX_MARGIN
+"""The model's times have no spread, and a prediction is no surer than the noisiest
+probe: where the plans are within the largest margin, the one with fewer collectives."""
 
 WIRE = Choice(PIPELINED, "float32 calls cross the 16-bit wire on the pipeline, whatever "
                          "the probe chose (execution/issue.py)")
@@ -79,6 +86,8 @@ def engine_plan(c: Cluster, o: Options, plan: str = AUTO) -> Planned:
     nbytes = slicing.probe_bytes(o.min_bytes)
     one, piped = (probe_us(c, dataclasses.replace(o, plan=p), nbytes)
                   for p in (ONE_SLICE, PIPELINED))
-    choice = slicing.choose(one / 1e6, piped / 1e6, nbytes)
+    choice = slicing.choose([slicing.Timing(nbytes, {ONE_SLICE: (one / 1e6,),
+                                                     PIPELINED: (piped / 1e6,)})],
+                            MODEL_MARGIN)
     return Planned(Choice(choice.plan, f"predicted: {choice.reason}"),
                    f"{one / 1e3:.2f}/{piped / 1e3:.2f}", probed=True)

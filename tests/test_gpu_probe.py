@@ -1,0 +1,118 @@
+"""GPU tests of the construction probe (execution/probe.py, plan/slicing.py): what it
+chose is what describe() reports, and every call takes the route chosen for its size,
+exact where the route is exact; with an 8-bit wire, the wire only where the probe found
+it faster. At 2 x 2 (two GPUs at least: one GPU a machine takes no probe). Run with
+``pytest -m gpu``; skipped without CUDA or nccl4py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringreduce
+from ringreduce.plan import slicing
+
+from .cases import rank_input
+from .gpu import GPU_MARKS, GPUS, gpu_env
+from .multiproc import run_test_ranks
+
+pytestmark = [*GPU_MARKS, pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs (2 x 2)")]
+
+MiB = 1 << 20
+ROUTE_NAMES = {slicing.FLAT: "flat", slicing.ONE_SLICE: "one-slice",
+               slicing.PIPELINED: "hierarchical"}
+"""The flight record's route (less the issuer, " (native)") of each plan."""
+SIZES = (1 * MiB, 4 * MiB, 12 * MiB, 16 * MiB, 64 * MiB)
+"""Below, at and between the probe's sizes, and above them."""
+
+
+def _route(comm: ringreduce.Communicator) -> tuple[str, str]:
+    record = comm._res.guard.recorder.last()
+    assert record is not None
+    return record.route.split(" (")[0], record.why
+
+
+def _probed(comm: ringreduce.Communicator, lossy: bool) -> slicing.Choice:
+    """The probe ran, as many calls as it says, on both sizes; describe() says its choice."""
+    choice = comm._res.plan
+    min_bytes = comm.config.min_bytes
+    assert comm._res.probe_calls == slicing.probe_calls(min_bytes, lossy), comm._res.probe_calls
+    sizes = slicing.probe_sizes(min_bytes)
+    assert (choice.below is not None) == (len(sizes) == 2), choice
+    for size, chosen in zip(sizes, (choice.at(s) for s in sizes), strict=True):
+        assert chosen.plan in slicing.ROUTES, chosen
+        assert f"probe at {size / MiB:g} MiB" in chosen.reason, chosen.reason
+        assert ("wire" in chosen.reason) == lossy, chosen.reason
+        assert lossy or chosen.wire
+    assert choice.summary in comm.describe(), comm.describe()
+    return choice
+
+
+def _exact_worker(rank: int, world: int) -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with ringreduce.Communicator() as comm:
+        choice = _probed(comm, lossy=False)
+        for nbytes in SIZES:
+            for dtype in (torch.float32, torch.int32):
+                t = rank_input(rank, nbytes // 4, dtype, dev)
+                ref = t.clone()
+                comm.all_reduce(t)
+                dist.all_reduce(ref)
+                route, why = _route(comm)
+                if nbytes < comm.config.min_bytes:
+                    assert route == "flat", (nbytes, route)
+                    continue
+                chosen = choice.at(nbytes)
+                assert (route, why) == (ROUTE_NAMES[chosen.plan], chosen.why), (nbytes, route)
+                assert torch.equal(t, ref), (nbytes, dtype, route)
+        if rank == 0:
+            print(comm.describe())
+
+
+def test_gpu_calls_take_the_route_the_probe_chose() -> None:
+    run_test_ranks(_exact_worker, 4, backend="nccl", env=gpu_env(2, 2), timeout=300)
+
+
+def _wire_worker(rank: int, world: int) -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with ringreduce.Communicator(wire="int8") as comm:
+        choice = _probed(comm, lossy=True)
+        for nbytes in SIZES[1:]:
+            chosen = choice.at(nbytes)
+            t = rank_input(rank, nbytes // 4, torch.float32, dev)
+            ref = t.clone()
+            comm.all_reduce(t)
+            dist.all_reduce(ref)
+            route, why = _route(comm)
+            assert why == chosen.why, (nbytes, why)
+            if chosen.wire:
+                assert route == "compressed int8", (nbytes, route)
+                continue
+            # exact was as fast: the float32 call is exact, on the exact route chosen
+            assert route == ROUTE_NAMES[chosen.plan] and torch.equal(t, ref), (nbytes, route)
+        # a call's own wire= takes the wire whatever the probe chose
+        t = rank_input(rank, 4 * MiB, torch.float32, dev)
+        comm.all_reduce(t, wire="int8")
+        assert _route(comm)[0] == "compressed int8"
+        if rank == 0:
+            print(comm.describe())
+
+
+def test_gpu_a_lossy_wire_is_taken_only_where_the_probe_found_it_faster() -> None:
+    run_test_ranks(_wire_worker, 4, backend="nccl", env=gpu_env(2, 2), timeout=300)
+
+
+def _given_worker(rank: int, world: int) -> None:
+    with ringreduce.Communicator(plan="pipelined", wire="int8") as comm:
+        assert comm._res.probe_calls == 0
+        assert comm._res.plan == slicing.given("pipelined") and comm._res.plan.wire
+        dev = torch.device("cuda", torch.cuda.current_device())
+        t = rank_input(rank, 4 * MiB, torch.int32, dev)
+        comm.all_reduce(t)
+        assert _route(comm)[0] == "hierarchical"
+
+
+def test_gpu_a_given_plan_is_taken_without_a_probe() -> None:
+    run_test_ranks(_given_worker, 4, backend="nccl", env=gpu_env(2, 2), timeout=300)

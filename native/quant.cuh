@@ -212,3 +212,91 @@ __device__ __forceinline__ void store4(T* p, const float* in) {
         for (int e = 0; e < 4; ++e) from_acc(in[e], &p[e]);
     }
 }
+
+// The rotated formats' randomized Hadamard transform of one block (quant.py's rotate and
+// rotate_back, bit for bit). A group's block is spread over its lanes as everywhere here:
+// v[c * 4 + e] of lane `lane` is element i = (c * L + lane) * 4 + e, so i's bits 0-1 are
+// e, the next log2(L) the lane, the rest c. The butterfly passes run in quant.py's order,
+// h = 1, 2, 4, .., B/2: the first two inside a chunk, then log2(L) across lanes (an
+// xor-shuffle inside the group; the lane holding the pair's upper element takes
+// lower - upper), then the chunk bits, in registers. Each pass is one f_add or f_sub per
+// element, rounded alone as torch's ops do: the same sums, the same order, the same bits.
+
+// quant.py's sign_hash: lowbias32 of lowbias32(SIGN_SEED ^ B) + i.
+__device__ __forceinline__ unsigned lowbias32(unsigned x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
+#define RR_SIGN_SEED 0x52494E47u
+
+// This lane's E multipliers (loop-invariant: every block's positions are the same):
+// s_i 2^-shift, s_i = -1 where the top bit of the hash of i is set (quant.py's signs:
+// shift = log2(B) / 2 forward, log2(B) - that back).
+template <int E>
+__device__ __forceinline__ void rotation_signs(int lane, int lanes, int shift, float (&d)[E]) {
+    const int block = E * lanes;
+    const unsigned base = lowbias32(RR_SIGN_SEED ^ static_cast<unsigned>(block));
+    const float power = __uint_as_float(static_cast<unsigned>(127 - shift) << 23);
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+        const unsigned i = static_cast<unsigned>(((j / 4) * lanes + lane) * 4 + j % 4);
+        d[j] = (lowbias32(base + i) >> 31) ? -power : power;
+    }
+}
+
+// v = H v over the group's block (unnormalized, quant.py's _walsh_hadamard).
+template <int E>
+__device__ __forceinline__ void walsh_hadamard(float (&v)[E], int lane, int lanes) {
+#pragma unroll
+    for (int h = 1; h < 4; h <<= 1) {
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            if (j & h) continue;
+            const float a = v[j], b = v[j + h];
+            v[j] = f_add(a, b);
+            v[j + h] = f_sub(a, b);
+        }
+    }
+    for (int s = 1; s < lanes; s <<= 1) {
+        const bool upper = lane & s;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            const float other = __shfl_xor_sync(0xffffffffu, v[j], s);
+            v[j] = upper ? f_sub(other, v[j]) : f_add(v[j], other);
+        }
+    }
+#pragma unroll
+    for (int h = 4; h < E; h <<= 1) {
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            if (j & h) continue;
+            const float a = v[j], b = v[j + h];
+            v[j] = f_add(a, b);
+            v[j + h] = f_sub(a, b);
+        }
+    }
+}
+
+// quant.py's rotate: v = H (d * v).
+template <int E>
+__device__ __forceinline__ void rotate_block(float (&v)[E], const float (&d)[E], int lane,
+                                             int lanes) {
+#pragma unroll
+    for (int j = 0; j < E; ++j) v[j] = f_mul(v[j], d[j]);
+    walsh_hadamard<E>(v, lane, lanes);
+}
+
+// quant.py's rotate_back: v = d * (H v) + 0 (the add turns -0 into +0 and nothing else).
+template <int E>
+__device__ __forceinline__ void rotate_block_back(float (&v)[E], const float (&d)[E], int lane,
+                                                  int lanes) {
+    walsh_hadamard<E>(v, lane, lanes);
+#pragma unroll
+    for (int j = 0; j < E; ++j) v[j] = f_add(f_mul(v[j], d[j]), 0.0f);
+}
+
+// log2 of a power of two.
+__device__ __forceinline__ int log2_of(int block) { return 31 - __clz(block); }

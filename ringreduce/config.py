@@ -69,7 +69,10 @@ ISSUERS = ("native", "python")
 WIRE_DTYPES = ("bfloat16", "float16")
 #: Every wire format (Config.wire): the 16-bit ones by their short names, then the
 #: block-quantized ones (execution/quant.py).
-WIRES = ("bf16", "fp16", "int8", "fp8", "int4")
+WIRES = ("bf16", "fp16", "int8", "fp8", "int4", "int8-rot", "int4-rot")
+#: The quantized wires that rotate each block (execution/quant.py): their wire_block
+#: must be a power of two.
+ROTATED_WIRES = ("int8-rot", "int4-rot")
 #: wire_dtype's names -> wire's (wire_dtype is wire's older spelling for 16 bits).
 WIRE_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
 
@@ -201,6 +204,11 @@ class Config:
         if not isinstance(self.wire_block, int) or self.wire_block < 8 or self.wire_block % 8:
             raise ValueError(f"wire_block={self.wire_block!r} must be a positive multiple of 8 "
                              f"(elements per fp32 scale); the default is {DEFAULT_WIRE_BLOCK}")
+        if self.wire in ROTATED_WIRES and self.wire_block & (self.wire_block - 1):
+            raise ValueError(f"wire={self.wire!r} rotates blocks with a Hadamard transform, so "
+                             f"wire_block={self.wire_block!r} must be a power of two; use "
+                             f"{1 << (self.wire_block - 1).bit_length()} or the default "
+                             f"{DEFAULT_WIRE_BLOCK}")
         alias = WIRE_OF_DTYPE.get(self.wire_dtype or "")
         if self.wire is None and alias is not None:
             object.__setattr__(self, "wire", alias)  # frozen: set once, while constructing

@@ -16,6 +16,19 @@ Rules the route relies on (compressed.py):
   * dequantization is a pure function of the bytes, so ranks that dequantize the same
     bytes hold bit-identical values.
 
+Rotated formats (``Format.rotated``): before quantizing, each block of B = ``block``
+values (a power of two) is multiplied by a randomized Hadamard matrix, the same on every
+rank and call (``rotate``); quantization, the machines' fp32 sum and error feedback all
+happen in that rotated domain (the map is linear: the sum of the rotations is the
+rotation of the sum), and the reduced rows are rotated back once where they land
+(``rotate_back``). Why: a block's max-abs sets its step, and a gradient block's max is
+often an outlier several times the bulk; rotated, every value is a +-1 mix of all B of
+them, close to Gaussian, so the max sits ~3 standard deviations out and the 16 levels of
+int4 are spent on the bulk (THC, DRIVE/EDEN, SDP4Bit). Rules: an inf or nan spreads to
+its whole block on the way in, so that block comes back non-finite, as unrotated; a
+rotated value may overflow where its block's values are within 2^(log2(B)/2) of fp32's
+max (gradients are nowhere near): that block then comes back non-finite too.
+
 Written with torch ops so that it runs on the CPU (gloo tests) and on CUDA alike; they
 make several passes over the row. On CUDA with cupy, compressed.py runs the fused
 kernels of native/quant.cu instead (one pass each), which mirror these ops on CUDA bit
@@ -28,10 +41,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import functools
+
 import torch
 
 SCALE_BYTES = 4
 """One fp32 scale per block."""
+SIGN_SEED = 0x52494E47
+"""The rotation's signs: a fixed constant (every rank and call agree without talking),
+mixed with the block size (``signs``)."""
 
 
 @dataclass(frozen=True)
@@ -43,13 +61,29 @@ class Format:
     """Largest magnitude of a quantized value: the block's max-abs maps to it."""
     bits: int
     """Payload bits per element."""
+    encoding: str = ""
+    """How a value is coded: "int8", "fp8" or "int4" (default: ``name``)."""
+    rotated: bool = False
+    """Blocks cross randomized-Hadamard rotated (module docstring): ``block`` must be a
+    power of two."""
+
+    def __post_init__(self) -> None:
+        if not self.encoding:
+            object.__setattr__(self, "encoding", self.name)
+
+    def check_block(self, block: int) -> None:
+        """ValueError unless ``block`` suits this format (before any communication)."""
+        if self.rotated and (block < 8 or block & (block - 1)):
+            raise ValueError(f"wire={self.name!r} rotates blocks with a Hadamard transform, "
+                             f"so wire_block={block!r} must be a power of two >= 8; use "
+                             f"{1 << max(3, (block - 1).bit_length())} (or 256, the default)")
 
     @property
     def worst_error(self) -> float:
         """The largest |x' - x| of one quantization, as a fraction of its block's
         max-abs: half a step for the integers, half an e4m3 ulp at the top (3 mantissa
         bits: an ulp is at most 2^-3 of the value) for fp8."""
-        return 2.0**-4 if self.name == "fp8" else 0.5 / self.qmax
+        return 2.0**-4 if self.encoding == "fp8" else 0.5 / self.qmax
 
     def row_bytes(self, k: int, block: int) -> int:
         """Bytes of one packed row of ``k`` values (scales, then payload)."""
@@ -64,6 +98,8 @@ FORMATS = {
     "fp8": Format("fp8", 448.0, 8),
     # Symmetric -7..7 (of -8..7): zero stays exact and the two signs have equal steps.
     "int4": Format("int4", 7.0, 4),
+    "int8-rot": Format("int8-rot", 127.0, 8, "int8", rotated=True),
+    "int4-rot": Format("int4-rot", 7.0, 4, "int4", rotated=True),
 }
 
 
@@ -80,11 +116,11 @@ def quantize(x: torch.Tensor, fmt: Format, block: int, out: torch.Tensor) -> Non
     usable = torch.isfinite(scales) & (scales > 0)
     y = blocks / torch.where(usable, scales, torch.ones_like(scales)).unsqueeze(-1)
     y = y.clamp_(-fmt.qmax, fmt.qmax).nan_to_num_(0.0)  # no nan into an integer cast
-    if fmt.name == "fp8":
+    if fmt.encoding == "fp8":
         payload.copy_(y.view(rows, k).to(torch.float8_e4m3fn).view(torch.uint8))
         return
     q = y.round_().to(torch.int8).view(rows, k)
-    if fmt.name == "int8":
+    if fmt.encoding == "int8":
         payload.copy_(q.view(torch.uint8))
         return
     nibbles = q.view(torch.uint8) & 0xF  # two's complement: -7..7 -> 9..15, 0..7
@@ -97,15 +133,93 @@ def dequantize(packed: torch.Tensor, fmt: Format, block: int, out: torch.Tensor)
     ``packed``: (R, fmt.row_bytes(k, block)) uint8; ``out``: (R, k) fp32."""
     rows, k = out.shape
     scales, payload = _split(packed, fmt, k, block)
-    if fmt.name == "fp8":
+    if fmt.encoding == "fp8":
         values = payload.view(torch.float8_e4m3fn).float()
-    elif fmt.name == "int8":
+    elif fmt.encoding == "int8":
         values = payload.view(torch.int8).float()
     else:
         nibbles = torch.stack((payload & 0xF, payload >> 4), dim=-1).view(rows, k)
         values = ((nibbles.view(torch.int8) ^ 8) - 8).float()  # sign-extend 4 bits
     torch.mul(values.view(rows, k // block, block), scales.unsqueeze(-1),
               out=out.view(rows, k // block, block))
+
+
+def rotate(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Each block of ``x`` (R, k) fp32 rotated: y = 2^-a H diag(s) x per block, a new
+    tensor (``signs`` gives s and a; H the Walsh-Hadamard matrix of order ``block``, by
+    ``_walsh_hadamard``). The arithmetic native/quant.cuh's rr_rotate does bit for bit:
+    one multiply by a power of two (exact), then log2(block) passes of adds."""
+    rows, k = x.shape
+    forward, _ = signs(block, x.device)
+    y = torch.mul(x.view(rows, k // block, block), forward)
+    return _walsh_hadamard(y.view(-1, block)).view(rows, k)
+
+
+def rotate_back(y: torch.Tensor, block: int) -> None:
+    """``rotate`` undone in place on ``y`` (R, k) fp32: x = diag(s) H y 2^-(log2(block)-a)
+    per block (H is its own inverse up to 1/block, split over the two directions as
+    powers of two: no rounding but the adds'), then + 0.0, which changes nothing but
+    -0 into +0."""
+    rows, k = y.shape
+    _, back = signs(block, y.device)
+    x = _walsh_hadamard(y.reshape(-1, block)).view(rows, k // block, block)
+    out = y.view(rows, k // block, block)
+    torch.mul(x, back, out=out)
+    out.add_(0.0)  # -0 (a zero times a negative sign) -> +0: zeros come back as zeros
+
+
+def _walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
+    """(N, B) -> H x per row, unnormalized, in log2(B) butterfly passes h = 1, 2, ..,
+    B/2: (x[i], x[i+h]) -> (x[i] + x[i+h], x[i] - x[i+h]) for i with bit h clear. One
+    fixed order of fp32 adds, which the kernels repeat (a value's bits 0-1 are its place
+    in a lane's chunk, the next log2(lanes) its lane, the rest its chunk)."""
+    n, block = x.shape
+    src, dst = x.contiguous(), torch.empty_like(x)
+    h = 1
+    while h < block:
+        a = src.view(n, block // (2 * h), 2, h)
+        out = dst.view(n, block // (2 * h), 2, h)
+        torch.add(a[:, :, 0], a[:, :, 1], out=out[:, :, 0])
+        torch.sub(a[:, :, 0], a[:, :, 1], out=out[:, :, 1])
+        src, dst = dst, src
+        h *= 2
+    return src
+
+
+def signs(block: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(forward, back): the rotation's per-position multipliers for ``block``, fp32
+    (block,): s_i 2^-a and s_i 2^-(log2(block) - a), a = log2(block) // 2, so that the
+    two directions together divide by block exactly. s_i = -1 where the top bit of
+    ``sign_hash(block, i)`` is set."""
+    return _signs(block, torch.device(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _signs(block: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Made once per block and device (a copy to the device each call would wait on
+    the host)."""
+    if block < 2 or block & (block - 1):
+        raise ValueError(f"block={block} must be a power of two to be rotated")
+    log = block.bit_length() - 1
+    a = log // 2
+    s = torch.tensor([-1.0 if sign_hash(block, i) >> 31 else 1.0 for i in range(block)])
+    return (s * 2.0**-a).to(device), (s * 2.0**-(log - a)).to(device)
+
+
+def sign_hash(block: int, i: int) -> int:
+    """A 32-bit hash of position ``i`` in a block of ``block`` (lowbias32 of the seed
+    mixed with the block, plus i): the rotation's random signs without a random number
+    generator, so that the kernels compute the same ones (native/quant.cuh)."""
+    return _lowbias32((_lowbias32(SIGN_SEED ^ block) + i) & 0xFFFFFFFF)
+
+
+def _lowbias32(x: int) -> int:
+    """Chris Wellons' lowbias32 integer hash, on 32-bit unsigned values."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
 
 
 def _split(packed: torch.Tensor, fmt: Format, k: int,

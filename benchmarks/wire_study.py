@@ -43,7 +43,7 @@ from benchmarks.workloads import dlrm_model, text, transformer_model  # noqa: E4
 from benchmarks.workloads.workloads import dlrm_loss  # noqa: E402
 from ringreduce.execution import compressed, kernels, quant  # noqa: E402
 
-WIRES = ("int8", "int8-rot", "int4", "int4-rot")
+WIRES = ("int8", "int8-rot", "int4", "int4-rot", "gauss4", "gauss4-rot")
 BLOCKS = (256, 128, 64)
 
 #: name -> (gradient stream factory: (big, device, machines*devices, warm, samples) ->

@@ -47,6 +47,17 @@ import torch
 
 SCALE_BYTES = 4
 """One fp32 scale per block."""
+GAUSS4_DENOMINATOR = 1024
+GAUSS4_LEVELS = (0, 98, 198, 305, 420, 553, 715, 938)
+"""gauss4's magnitudes, times 1/1024 (exact in fp32): codes -7..7 stand for
+-L[7]..L[7] of the block's max-abs. Lloyd-Max levels for y = x / max|x| over blocks of
+128 Gaussian values (what a rotated block looks like), rounded to 1/1024: 0.096 of the
+max-abs RMS error against 0.114 for int4's uniform steps (-16 %; 0.100 against 0.123 on
+blocks of 256). The top level sits below the max: the max is one value of the block,
+the bulk is near 0.3 of it."""
+GAUSS4_THRESHOLDS = (98, 296, 503, 725, 973, 1268, 1653)
+"""Midpoints of consecutive GAUSS4_LEVELS, times 1/2048 (exact): |y| above the j-th
+takes level j+1 or higher (a tie takes the lower)."""
 SIGN_SEED = 0x52494E47
 """The rotation's signs: a fixed constant (every rank and call agree without talking),
 mixed with the block size (``signs``)."""
@@ -62,7 +73,7 @@ class Format:
     bits: int
     """Payload bits per element."""
     encoding: str = ""
-    """How a value is coded: "int8", "fp8" or "int4" (default: ``name``)."""
+    """How a value is coded: "int8", "fp8", "int4" or "gauss4" (default: ``name``)."""
     rotated: bool = False
     """Blocks cross randomized-Hadamard rotated (module docstring): ``block`` must be a
     power of two."""
@@ -82,7 +93,12 @@ class Format:
     def worst_error(self) -> float:
         """The largest |x' - x| of one quantization, as a fraction of its block's
         max-abs: half a step for the integers, half an e4m3 ulp at the top (3 mantissa
-        bits: an ulp is at most 2^-3 of the value) for fp8."""
+        bits: an ulp is at most 2^-3 of the value) for fp8; gauss4's widest half-gap
+        or what its top level leaves of the max."""
+        if self.encoding == "gauss4":
+            levels = [n / GAUSS4_DENOMINATOR for n in GAUSS4_LEVELS]
+            gaps = [(b - a) / 2 for a, b in zip(levels, levels[1:], strict=False)]
+            return max(*gaps, 1.0 - levels[-1])
         return 2.0**-4 if self.encoding == "fp8" else 0.5 / self.qmax
 
     def row_bytes(self, k: int, block: int) -> int:
@@ -100,6 +116,8 @@ FORMATS = {
     "int4": Format("int4", 7.0, 4),
     "int8-rot": Format("int8-rot", 127.0, 8, "int8", rotated=True),
     "int4-rot": Format("int4-rot", 7.0, 4, "int4", rotated=True),
+    "gauss4": Format("gauss4", 1.0, 4, "gauss4"),
+    "gauss4-rot": Format("gauss4-rot", 1.0, 4, "gauss4", rotated=True),
 }
 
 
@@ -119,7 +137,8 @@ def quantize(x: torch.Tensor, fmt: Format, block: int, out: torch.Tensor) -> Non
     if fmt.encoding == "fp8":
         payload.copy_(y.view(rows, k).to(torch.float8_e4m3fn).view(torch.uint8))
         return
-    q = y.round_().to(torch.int8).view(rows, k)
+    q = y.round_().to(torch.int8).view(rows, k) if fmt.encoding != "gauss4" else \
+        _gauss4_codes(y).view(rows, k)
     if fmt.encoding == "int8":
         payload.copy_(q.view(torch.uint8))
         return
@@ -139,9 +158,32 @@ def dequantize(packed: torch.Tensor, fmt: Format, block: int, out: torch.Tensor)
         values = payload.view(torch.int8).float()
     else:
         nibbles = torch.stack((payload & 0xF, payload >> 4), dim=-1).view(rows, k)
-        values = ((nibbles.view(torch.int8) ^ 8) - 8).float()  # sign-extend 4 bits
+        codes = (nibbles.view(torch.int8) ^ 8) - 8  # sign-extend 4 bits
+        values = codes.float() if fmt.encoding == "int4" else _gauss4_values(codes)
     torch.mul(values.view(rows, k // block, block), scales.unsqueeze(-1),
               out=out.view(rows, k // block, block))
+
+
+def _gauss4_codes(y: torch.Tensor) -> torch.Tensor:
+    """int8 codes -7..7 of y (|y| <= 1, no nan): the sign of y times the number of
+    GAUSS4_THRESHOLDS below |y|."""
+    thresholds, _ = _gauss4_tables(y.device)
+    m = torch.bucketize(y.abs(), thresholds).to(torch.int8)  # count of thresholds < |y|
+    return torch.where(y < 0, -m, m)
+
+
+def _gauss4_values(codes: torch.Tensor) -> torch.Tensor:
+    """fp32 level of each code -7..7 (int8), as a fraction of the block's max-abs."""
+    _, table = _gauss4_tables(codes.device)
+    return table[codes.long() + 7]
+
+
+@functools.lru_cache(maxsize=None)
+def _gauss4_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(thresholds (7,), levels of codes -7..7 (15,)) fp32 on ``device``, made once."""
+    thresholds = torch.tensor(GAUSS4_THRESHOLDS, dtype=torch.float32) / (2 * GAUSS4_DENOMINATOR)
+    half = torch.tensor(GAUSS4_LEVELS, dtype=torch.float32) / GAUSS4_DENOMINATOR
+    return thresholds.to(device), torch.cat((-half.flip(0)[:-1], half)).to(device)
 
 
 def rotate(x: torch.Tensor, block: int) -> torch.Tensor:

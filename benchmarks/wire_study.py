@@ -43,7 +43,16 @@ from benchmarks.workloads import dlrm_model, text, transformer_model  # noqa: E4
 from benchmarks.workloads.workloads import dlrm_loss  # noqa: E402
 from ringreduce.execution import compressed, kernels, quant  # noqa: E402
 
-WIRES = ("int8", "int8-rot", "int4", "int4-rot", "gauss4", "gauss4-rot")
+VARIANTS = {
+    "int8": quant.FORMATS["int8"],
+    "int8-rot": quant.Format("int8-rot", 127.0, 8, "int8", rotated=True),
+    "int4-plain": quant.FORMATS["int4-plain"],  # uniform -7..7, the 4-bit wire before
+    "int4-rot": quant.Format("int4-rot", 7.0, 4, "int4", rotated=True),
+    "gauss4": quant.Format("gauss4", 1.0, 4, "gauss4"),
+    "int4": quant.FORMATS["int4"],  # gauss4 levels on rotated blocks: the default
+}
+"""Every variant measured: the wires (quant.FORMATS) and those the study did not keep."""
+WIRES = tuple(VARIANTS)
 BLOCKS = (256, 128, 64)
 
 #: name -> (gradient stream factory: (big, device, machines*devices, warm, samples) ->
@@ -143,14 +152,14 @@ def measure(grads: list[torch.Tensor], machines: int, wires: tuple[str, ...],
     parts = torch.stack([
         sum(grads[m * devices + d] for d in range(1, devices)) + grads[m * devices]
         if devices > 1 else grads[m * devices] for m in range(machines)])
-    return {(wire, block): rel_l2(one_call(parts, quant.FORMATS[wire], block, kernels_,
+    return {(wire, block): rel_l2(one_call(parts, VARIANTS[wire], block, kernels_,
                                            len(grads)), exact)
             for wire in wires for block in blocks}
 
 
 def bytes_per_value(wire: str, block: int) -> float:
     """Bytes on the rail per value per crossing (payload and the block's fp32 scale)."""
-    return quant.FORMATS[wire].row_bytes(block, block) / block
+    return VARIANTS[wire].row_bytes(block, block) / block
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -179,20 +188,18 @@ def main(argv: list[str] | None = None) -> None:
           f"{' (native/quant.cu kernels)' if kernels_ else ' (quant.py torch ops)'}; "
           f"text: {text.corpus().describe()}")
     table: dict[str, dict[tuple[str, int], float]] = {}
-    sizes = {}
     for name in args.workloads.split(","):
         begin = time.perf_counter()
         runs = [measure(grads, args.machines, wires, blocks, kernels_)
                 for grads in WORKLOADS[name](args.big, device, ranks, args.warm, args.samples)]
-        sizes[name] = sum(1 for _ in [0])
         table[name] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
         print(f"# {name}: {time.perf_counter() - begin:.0f} s", flush=True)
-    print(f"{'wire':>9} {'block':>5} {'B/value':>7} " +
+    print(f"{'wire':>10} {'block':>5} {'B/value':>7} " +
           " ".join(f"{name:>11}" for name in table))
     for wire in wires:
         for block in blocks:
             cells = " ".join(f"{table[name][(wire, block)]:>11.3e}" for name in table)
-            print(f"{wire:>9} {block:>5} {bytes_per_value(wire, block):>7.4f} {cells}")
+            print(f"{wire:>10} {block:>5} {bytes_per_value(wire, block):>7.4f} {cells}")
 
 
 if __name__ == "__main__":

@@ -22,12 +22,14 @@
 // VEC: vector loads and stores (16-byte fp32 chunks, 4-byte int8/fp8 and 2-byte int4
 // payload chunks), when every pointer is aligned for them; else the same element order
 // in scalar accesses.
-// FMT: 0 int8, 1 fp8 (e4m3), 2 int4.
+// FMT: 0 int8, 1 fp8 (e4m3), 2 int4, 3 gauss4 (4-bit codes at Gaussian levels).
 
 template <int FMT> struct QuantWire;
 template <> struct QuantWire<0> { static constexpr float qmax = 127.0f; static constexpr int bits = 8; };
 template <> struct QuantWire<1> { static constexpr float qmax = 448.0f; static constexpr int bits = 8; };
 template <> struct QuantWire<2> { static constexpr float qmax = 7.0f; static constexpr int bits = 4; };
+template <> struct QuantWire<3> { static constexpr float qmax = 1.0f; static constexpr int bits = 4; };
+
 
 __device__ __forceinline__ bool finite(float f) {
     return (__float_as_uint(f) & 0x7f800000u) != 0x7f800000u;
@@ -64,6 +66,33 @@ __device__ __forceinline__ float nan_max(float a, float b) {
 // scale finite and > 0 (subnormals included), as torch.isfinite(s) & (s > 0).
 __device__ __forceinline__ bool usable_scale(float s) {
     return __float_as_uint(s) - 1u < 0x7f800000u - 1u;
+}
+
+// gauss4 (FMT 3, quant.py GAUSS4_LEVELS / GAUSS4_THRESHOLDS): a code -7..7 stands for
+// +-L[|code|] of the block's max-abs, L[j] = n_j / 1024; |y| above threshold j
+// (t_j / 2048) takes a level above j. Every constant is exact in fp32, and the compares
+// are exact: the torch ops' bucketize, bit for bit. Selects, not a table in memory, so
+// a warp's lanes never serialize on different entries.
+__device__ __forceinline__ float gauss4_level(int q) {
+    const int m = q < 0 ? -q : q;
+    float l = 0.0f;
+    l = m == 1 ? 98.0f / 1024.0f : l;
+    l = m == 2 ? 198.0f / 1024.0f : l;
+    l = m == 3 ? 305.0f / 1024.0f : l;
+    l = m == 4 ? 420.0f / 1024.0f : l;
+    l = m == 5 ? 553.0f / 1024.0f : l;
+    l = m == 6 ? 715.0f / 1024.0f : l;
+    l = m == 7 ? 938.0f / 1024.0f : l;
+    return q < 0 ? -l : l;
+}
+
+// The code of y (|y| <= 1, not nan): sign(y) * (thresholds below |y|).
+__device__ __forceinline__ int gauss4_code(float y) {
+    const float a = f_abs(y);
+    const int m = (a > 98.0f / 2048.0f) + (a > 296.0f / 2048.0f) + (a > 503.0f / 2048.0f) +
+                  (a > 725.0f / 2048.0f) + (a > 973.0f / 2048.0f) + (a > 1268.0f / 2048.0f) +
+                  (a > 1653.0f / 2048.0f);
+    return (__float_as_uint(y) >> 31) ? -m : m;
 }
 
 // float -> e4m3fn bits: c10::detail::fp8e4m3fn_from_fp32_value, step for step (what
@@ -108,6 +137,10 @@ __device__ __forceinline__ unsigned encode(float v, float scale, bool usable, fl
         const unsigned b = e4m3_bits(y);
         *value = e4m3_value(b);
         return b;
+    } else if constexpr (FMT == 3) {
+        const int q = gauss4_code(y);
+        *value = gauss4_level(q);
+        return static_cast<unsigned>(q) & 0xfu;
     } else {
         const int q = __float2int_rn(y);  // rint: ties to even, as torch.round
         *value = static_cast<float>(q);
@@ -119,6 +152,7 @@ template <int FMT>
 __device__ __forceinline__ float decode(unsigned code) {
     if constexpr (FMT == 1) return e4m3_value(code);
     else if constexpr (FMT == 2) return static_cast<float>(static_cast<int>(code << 28) >> 28);
+    else if constexpr (FMT == 3) return gauss4_level(static_cast<int>(code << 28) >> 28);
     else return static_cast<float>(static_cast<signed char>(code));
 }
 
@@ -160,31 +194,31 @@ __device__ __forceinline__ void store_scale(unsigned char* p, float s) {
 // A chunk's 4 codes as one word: int8/fp8 4 bytes, int4 2 bytes (low nibble first).
 template <int FMT, bool VEC>
 __device__ __forceinline__ unsigned load_codes(const unsigned char* p) {
-    if constexpr (VEC && FMT == 2) {
+    if constexpr (VEC && QuantWire<FMT>::bits == 4) {
         return *reinterpret_cast<const unsigned short*>(p);
     } else if constexpr (VEC) {
         return *reinterpret_cast<const unsigned*>(p);
     } else {
         unsigned u = 0;
-        for (int j = 0; j < (FMT == 2 ? 2 : 4); ++j) u |= static_cast<unsigned>(p[j]) << (8 * j);
+        for (int j = 0; j < (QuantWire<FMT>::bits == 4 ? 2 : 4); ++j) u |= static_cast<unsigned>(p[j]) << (8 * j);
         return u;
     }
 }
 
 template <int FMT, bool VEC>
 __device__ __forceinline__ void store_codes(unsigned char* p, unsigned u) {
-    if constexpr (VEC && FMT == 2) {
+    if constexpr (VEC && QuantWire<FMT>::bits == 4) {
         *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(u);
     } else if constexpr (VEC) {
         *reinterpret_cast<unsigned*>(p) = u;
     } else {
-        for (int j = 0; j < (FMT == 2 ? 2 : 4); ++j) p[j] = static_cast<unsigned char>(u >> (8 * j));
+        for (int j = 0; j < (QuantWire<FMT>::bits == 4 ? 2 : 4); ++j) p[j] = static_cast<unsigned char>(u >> (8 * j));
     }
 }
 
 template <int FMT>
 __device__ __forceinline__ float code_at(unsigned codes, int e) {
-    return FMT == 2 ? decode<FMT>((codes >> (4 * e)) & 0xfu)
+    return QuantWire<FMT>::bits == 4 ? decode<FMT>((codes >> (4 * e)) & 0xfu)
                     : decode<FMT>((codes >> (8 * e)) & 0xffu);
 }
 

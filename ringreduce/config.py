@@ -69,10 +69,10 @@ ISSUERS = ("native", "python")
 WIRE_DTYPES = ("bfloat16", "float16")
 #: Every wire format (Config.wire): the 16-bit ones by their short names, then the
 #: block-quantized ones (execution/quant.py).
-WIRES = ("bf16", "fp16", "int8", "fp8", "int4", "int8-rot", "int4-rot")
+WIRES = ("bf16", "fp16", "int8", "fp8", "int4", "int4-plain")
 #: The quantized wires that rotate each block (execution/quant.py): their wire_block
 #: must be a power of two.
-ROTATED_WIRES = ("int8-rot", "int4-rot")
+ROTATED_WIRES = ("int4",)
 #: wire_dtype's names -> wire's (wire_dtype is wire's older spelling for 16 bits).
 WIRE_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
 

@@ -1,12 +1,17 @@
-"""Block-quantized wire formats of the network hop: int8, fp8 (e4m3) and int4.
+"""Block-quantized wire formats of the network hop: int8, fp8 (e4m3), int4 (rotated,
+at Gaussian levels) and int4-plain.
 
 A row of ``k`` fp32 values (``k`` a multiple of the block) travels as one uint8 row:
 ``k / block`` fp32 scales, then the payload (``k`` bytes for int8 and fp8, ``k / 2`` for
-int4, two values a byte, the even element in the low nibble). Per block, symmetric:
+the 4-bit ones, two values a byte, the even element in the low nibble). Per block,
+symmetric:
 
-    scale = max|x| / QMAX            (QMAX: 127 int8, 448 e4m3, 7 int4)
-    q     = round(x / scale)         clamped to [-QMAX, QMAX] (fp8: rounded by the cast)
-    x'    = q * scale                (fp32)
+    scale = max|x| / QMAX            (QMAX: 127 int8, 448 e4m3, 7 int4-plain, 1 gauss4)
+    q     = round(x / scale)         clamped to [-QMAX, QMAX] (fp8: rounded by the cast;
+                                     gauss4: the nearest of 15 levels, GAUSS4_LEVELS)
+    x'    = value(q) * scale         (fp32)
+
+int4 is gauss4 on rotated blocks (below); int4-plain the uniform -7..7 of its step.
 
 Rules the route relies on (compressed.py):
   * a block of zeros has scale 0 and comes back as zeros (the division is guarded);
@@ -23,8 +28,8 @@ happen in that rotated domain (the map is linear: the sum of the rotations is th
 rotation of the sum), and the reduced rows are rotated back once where they land
 (``rotate_back``). Why: a block's max-abs sets its step, and a gradient block's max is
 often an outlier several times the bulk; rotated, every value is a +-1 mix of all B of
-them, close to Gaussian, so the max sits ~3 standard deviations out and the 16 levels of
-int4 are spent on the bulk (THC, DRIVE/EDEN, SDP4Bit). Rules: an inf or nan spreads to
+them, close to Gaussian, so the max sits ~3 standard deviations out, and gauss4 places
+its 15 levels where such a block's values are (THC, DRIVE/EDEN, SDP4Bit; QLoRA's NF4). Rules: an inf or nan spreads to
 its whole block on the way in, so that block comes back non-finite, as unrotated; a
 rotated value may overflow where its block's values are within 2^(log2(B)/2) of fp32's
 max (gradients are nowhere near): that block then comes back non-finite too.
@@ -101,6 +106,14 @@ class Format:
             return max(*gaps, 1.0 - levels[-1])
         return 2.0**-4 if self.encoding == "fp8" else 0.5 / self.qmax
 
+    def worst_error_in(self, block: int) -> float:
+        """The largest |x' - x| of one quantization as a fraction of the max-abs of its
+        block of ``block`` values in the tensor: ``worst_error``, times ``block`` for a
+        rotated format (a rotated value is at most 2^-a B max|x|, its error at most
+        worst_error of that, and rotating back sums B errors times 2^-(log2 B - a)):
+        a bound for any input, far above what Gaussian-like blocks see."""
+        return self.worst_error * (block if self.rotated else 1)
+
     def row_bytes(self, k: int, block: int) -> int:
         """Bytes of one packed row of ``k`` values (scales, then payload)."""
         assert k % block == 0 and block % 8 == 0, (k, block)
@@ -112,12 +125,14 @@ FORMATS = {
     # e4m3's largest finite value: the cast rounds to nearest, so a block's max-abs
     # maps onto it exactly and nothing saturates into e4m3fn's nan.
     "fp8": Format("fp8", 448.0, 8),
+    # Rotated, at Gaussian levels: benchmarks/wire_study.py measured one call on real
+    # gradients (DLRM, two decoders, 2 x 2, blocks of 256) at 0.120-0.128 relative L2
+    # where the uniform int4 below gave 0.149-0.204, rotation alone 0.142-0.154 and
+    # Gaussian levels alone 0.121-0.163, for the same bytes.
+    "int4": Format("int4", 1.0, 4, "gauss4", rotated=True),
     # Symmetric -7..7 (of -8..7): zero stays exact and the two signs have equal steps.
-    "int4": Format("int4", 7.0, 4),
-    "int8-rot": Format("int8-rot", 127.0, 8, "int8", rotated=True),
-    "int4-rot": Format("int4-rot", 7.0, 4, "int4", rotated=True),
-    "gauss4": Format("gauss4", 1.0, 4, "gauss4"),
-    "gauss4-rot": Format("gauss4-rot", 1.0, 4, "gauss4", rotated=True),
+    # The 4-bit wire before rotation, kept until training runs compare the two.
+    "int4-plain": Format("int4-plain", 7.0, 4, "int4"),
 }
 
 

@@ -4,7 +4,7 @@ CPython 3.11), read as bytes (a byte-level vocabulary of 256) for a small decode
 (transformer_model.Transformer).
 
 Documents, not a cut of one stream, are held out: every ``HELD_OUT``-th document in
-sorted topic order is validation, the rest is training, so validation text was never
+sorted topic order (the first included) is validation, the rest is training, so validation text was never
 trained on. Training batches are windows of ``seq + 1`` bytes at random offsets of the
 training documents joined by blank lines (per rank and step, from the rank's own
 generator); validation is the mean next-byte cross-entropy over the held-out stream cut
@@ -25,8 +25,9 @@ from torch.nn import functional as F
 from . import transformer_model
 from .transformer_model import TransformerSpec
 
-HELD_OUT = 10
-"""Every 10th document (sorted by topic name) is validation: 8 of 79."""
+HELD_OUT = 8
+"""Every 8th document (sorted by topic name, the first included) is validation: 10 of
+79, 37 KB of 466 in CPython 3.11 (8 %)."""
 SEPARATOR = b"\n\n"
 
 
@@ -50,8 +51,8 @@ def corpus() -> Corpus:
 
     names = sorted(topics)
     docs = [topics[name].encode("utf-8") for name in names]
-    train = SEPARATOR.join(d for i, d in enumerate(docs) if i % HELD_OUT != HELD_OUT - 1)
-    valid = SEPARATOR.join(d for i, d in enumerate(docs) if i % HELD_OUT == HELD_OUT - 1)
+    train = SEPARATOR.join(d for i, d in enumerate(docs) if i % HELD_OUT)
+    valid = SEPARATOR.join(d for i, d in enumerate(docs) if i % HELD_OUT == 0)
     checksum = hashlib.sha256(train + b"\0" + valid).hexdigest()
     return Corpus(_bytes(train), _bytes(valid), checksum)
 

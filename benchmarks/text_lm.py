@@ -31,9 +31,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import ringreduce  # noqa: E402
-from benchmarks.workloads import text, transformer_model  # noqa: E402
-from ringreduce.benchmark.launch import Launch, run_ranks  # noqa: E402
+import ringreduce
+from benchmarks.workloads import text, transformer_model
+from ringreduce.benchmark.launch import Launch, run_ranks
 
 LAST = 100
 """Steps whose mean train loss is reported."""

@@ -39,9 +39,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.workloads import dlrm_model, text, transformer_model  # noqa: E402
-from benchmarks.workloads.workloads import dlrm_loss  # noqa: E402
-from ringreduce.execution import compressed, kernels, quant  # noqa: E402
+from benchmarks.workloads import dlrm_model, text, transformer_model
+from benchmarks.workloads.workloads import dlrm_loss
+from ringreduce.execution import compressed, kernels, quant
 
 VARIANTS = {
     "int8": quant.FORMATS["int8"],

@@ -4,12 +4,13 @@ CPython 3.11), read as bytes (a byte-level vocabulary of 256) for a small decode
 (transformer_model.Transformer).
 
 Documents, not a cut of one stream, are held out: every ``HELD_OUT``-th document in
-sorted topic order (the first included) is validation, the rest is training, so validation text was never
-trained on. Training batches are windows of ``seq + 1`` bytes at random offsets of the
-training documents joined by blank lines (per rank and step, from the rank's own
-generator); validation is the mean next-byte cross-entropy over the held-out stream cut
-into consecutive windows. A different CPython may ship a different text: ``describe``
-names the Python version and the corpus' size and checksum, so runs that compare say so.
+sorted topic order (the first included) is validation, the rest is training, so
+validation text was never trained on. Training batches are windows of ``seq + 1``
+bytes at random offsets of the training documents joined by blank lines (per rank and
+step, from the rank's own generator); validation is the mean next-byte cross-entropy
+over the held-out stream cut into consecutive windows. A different CPython may ship a
+different text: ``describe`` names the Python version and the corpus' size and checksum,
+so runs that compare say so.
 """
 
 from __future__ import annotations

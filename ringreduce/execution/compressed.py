@@ -58,8 +58,14 @@ import torch
 from ringreduce.config import WIRES, Config
 from ringreduce.execution.add import finish_average
 from ringreduce.execution.pipeline import stage_errors
-from ringreduce.execution.quant import (FORMATS, SCALE_BYTES, Format, dequantize, quantize,
-                                        rotate_back)
+from ringreduce.execution.quant import (
+    FORMATS,
+    SCALE_BYTES,
+    Format,
+    dequantize,
+    quantize,
+    rotate_back,
+)
 from ringreduce.execution.quant import rotate as rotate_blocks
 
 if TYPE_CHECKING:

@@ -190,8 +190,9 @@ class Kernels:
                  residual: torch.Tensor | None, stream: int, rotate: bool = False) -> None:
         """Unpipelined meaning (quant.quantize, with error feedback when ``residual``):
         ``v = R(x) + residual; out = quantize(v); residual = v - dequantize(out)``, its
-        non-finite elements 0; R: quant.rotate when ``rotate``, else nothing. ``x``: (R, k) float32/float16/bfloat16 (16-bit widened
-        exactly first); ``residual``: (R, k) float32 or None; ``out``: (R, row bytes)."""
+        non-finite elements 0; R: quant.rotate when ``rotate``, else nothing. ``x``: (R,
+        k) float32/float16/bfloat16 (16-bit widened exactly first); ``residual``: (R, k)
+        float32 or None; ``out``: (R, row bytes)."""
         rows, k = x.shape
         if rows * k == 0:
             return

@@ -29,10 +29,11 @@ rotation of the sum), and the reduced rows are rotated back once where they land
 (``rotate_back``). Why: a block's max-abs sets its step, and a gradient block's max is
 often an outlier several times the bulk; rotated, every value is a +-1 mix of all B of
 them, close to Gaussian, so the max sits ~3 standard deviations out, and gauss4 places
-its 15 levels where such a block's values are (THC, DRIVE/EDEN, SDP4Bit; QLoRA's NF4). Rules: an inf or nan spreads to
-its whole block on the way in, so that block comes back non-finite, as unrotated; a
-rotated value may overflow where its block's values are within 2^(log2(B)/2) of fp32's
-max (gradients are nowhere near): that block then comes back non-finite too.
+its 15 levels where such a block's values are (THC, DRIVE/EDEN, SDP4Bit; QLoRA's NF4).
+Rules: an inf or nan spreads to its whole block on the way in, so that block comes back
+non-finite, as unrotated; a rotated value may overflow where its block's values are
+within 2^(log2(B)/2) of fp32's max (gradients are nowhere near): that block then comes
+back non-finite too.
 
 Written with torch ops so that it runs on the CPU (gloo tests) and on CUDA alike; they
 make several passes over the row. On CUDA with cupy, compressed.py runs the fused
@@ -44,9 +45,9 @@ between the CPU and CUDA; ranks of one run all take the same path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import functools
+import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -102,7 +103,7 @@ class Format:
         or what its top level leaves of the max."""
         if self.encoding == "gauss4":
             levels = [n / GAUSS4_DENOMINATOR for n in GAUSS4_LEVELS]
-            gaps = [(b - a) / 2 for a, b in zip(levels, levels[1:], strict=False)]
+            gaps = [(b - a) / 2 for a, b in itertools.pairwise(levels)]
             return max(*gaps, 1.0 - levels[-1])
         return 2.0**-4 if self.encoding == "fp8" else 0.5 / self.qmax
 
@@ -193,7 +194,7 @@ def _gauss4_values(codes: torch.Tensor) -> torch.Tensor:
     return table[codes.long() + 7]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gauss4_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(thresholds (7,), levels of codes -7..7 (15,)) fp32 on ``device``, made once."""
     thresholds = torch.tensor(GAUSS4_THRESHOLDS, dtype=torch.float32) / (2 * GAUSS4_DENOMINATOR)
@@ -251,7 +252,7 @@ def signs(block: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]
     return _signs(block, torch.device(device))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _signs(block: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Made once per block and device (a copy to the device each call would wait on
     the host)."""

@@ -137,15 +137,18 @@ class Config:
     wire: str | None = None
     """The network hop's format (``RINGREDUCE_WIRE``): ``"bf16"``/``"fp16"`` (float32
     tensors, pipelined: collect and diffuse in 16 bits, every reduced element rounded once
-    alike on every machine), or ``"int8"``, ``"fp8"`` (e4m3), ``"int4"``: float32 and
-    16-bit tensors of SUM and AVG calls cross the rail quantized in blocks of
-    ``wire_block`` elements (execution/compressed.py), fp32 elsewhere; every rank ends
-    with identical values. MAX/MIN, other dtypes and the flat route keep the tensor's
-    format. ``None``: the tensor's dtype. A call may override it (``wire=``)."""
+    alike on every machine), or ``"int8"``, ``"fp8"`` (e4m3), ``"int4"`` (each block
+    rotated by a randomized Hadamard transform, then 4-bit codes at Gaussian levels),
+    ``"int4-plain"`` (uniform 4-bit steps, unrotated): float32 and 16-bit tensors of SUM
+    and AVG calls cross the rail quantized in blocks of ``wire_block`` elements
+    (execution/compressed.py, quant.py), fp32 elsewhere; every rank ends with identical
+    values. MAX/MIN, other dtypes and the flat route keep the tensor's format. ``None``:
+    the tensor's dtype. A call may override it (``wire=``)."""
 
     wire_block: int = DEFAULT_WIRE_BLOCK
     """Elements per quantization block of the 8- and 4-bit wires (``RINGREDUCE_WIRE_BLOCK``;
-    a multiple of 8); DEFAULT_WIRE_BLOCK says why 256."""
+    a multiple of 8, a power of two for ``"int4"``, which rotates each block);
+    DEFAULT_WIRE_BLOCK says why 256."""
 
     hook_feedback: bool = True
     """The DDP hook keeps error feedback per bucket for the 8- and 4-bit wires

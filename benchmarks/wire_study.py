@@ -45,7 +45,7 @@ from ringreduce.execution import compressed, kernels, quant
 
 VARIANTS = {
     "int8": quant.FORMATS["int8"],
-    "int8-rot": quant.Format("int8-rot", 127.0, 8, "int8", rotated=True),
+    "int8-rot": quant.FORMATS["int8-rot"],
     "int4-plain": quant.FORMATS["int4-plain"],  # uniform -7..7, the 4-bit wire before
     "int4-rot": quant.Format("int4-rot", 7.0, 4, "int4", rotated=True),
     "gauss4": quant.Format("gauss4", 1.0, 4, "gauss4"),

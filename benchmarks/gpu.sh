@@ -387,10 +387,10 @@ native)
       grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python)[/0-9A-Za-z+]* (sync|async)" "$f"; done
   } > "$W/summary_body.txt" ;;
 wire)
-  step quant_kernel_tests ${TESTS_S:-150} python3 -m pytest -m gpu tests/test_gpu_quant_kernels.py \
+  step quant_kernel_tests ${TESTS_S:-120} python3 -m pytest -m gpu tests/test_gpu_quant_kernels.py \
     -p no:cacheprovider -q -rs
-  step quant_bench ${BENCH_S:-90} python3 benchmarks/quant_bench.py
-  step wire_study ${STUDY_S:-150} python3 benchmarks/wire_study.py --device cuda --big --no-kernels \
+  step quant_bench ${BENCH_S:-100} python3 benchmarks/quant_bench.py
+  step wire_study ${STUDY_S:-120} python3 benchmarks/wire_study.py --device cuda --big --no-kernels \
     --warm ${STUDY_WARM:-50}
   { pytest_summary "$W/quant_kernel_tests.log"; tail -14 "$W/quant_bench.log"
     tail -20 "$W/wire_study.log"; } > "$W/summary_body.txt" ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for GPU runs, one suite per device call:
 #
-#   bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|four|four_host|jobs
+#   bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|four|four_host|jobs|wire|textlm
 #
 #   tests    the GPU tests but the fault tests (pytest -m gpu -k "not fault"; TESTS_K) under
 #            a private CUDA MPS daemon with
@@ -67,6 +67,14 @@
 #            one each (bit for bit), int8 DDP (across a bucket rebuild) and FSDP2 runs
 #            checkpointed and resumed in new processes against the uninterrupted ones (bit
 #            for bit), and the "ringreduce" backend exact under RINGREDUCE_WIRE=int8
+#   wire     the rotated 4-bit wire (issue 50), one GPU: the quantize/dequantize kernel tests
+#            (bit for bit against quant.py's torch ops), benchmarks/quant_bench.py (each
+#            kernel's bandwidth / a device copy's) and benchmarks/wire_study.py on the GPU
+#            (one call's error on real gradients at the training runs' model sizes; torch ops,
+#            which the kernel tests hold bit-identical to the kernels: no compile per variant)
+#   textlm   DDP training of the byte-level language model (benchmarks/text_lm.py) on the
+#            faithful capped 2x2: TEXTLM_WIRES (fp32,int4,int4-plain,int8) x TEXTLM_SEEDS
+#            (0,1,2), TEXTLM_STEPS (1000) steps each, one process set
 #   native   the native issuer (issue 18): benchmarks/native_host.py (host time, CPU and wall
 #            per 25 MiB call, native at several slice sizes vs Python issuer vs NCCL, same
 #            run) at 2x2 loopback and capped and 4x2 loopback under MPS;
@@ -96,8 +104,8 @@ set -u
 cd "$(dirname "$0")/.."
 . benchmarks/gpu_env.sh
 suite=${1:-}
-case "$suite" in tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|four|four_host|jobs) ;;
-  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|four|four_host|jobs" >&2
+case "$suite" in tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|four|four_host|jobs|wire|textlm) ;;
+  *) echo "usage: bash benchmarks/gpu.sh tests|perf|faithful|faults|soak|dlrm|train|fsdp|kernels|native|compressed|host|four|four_host|jobs|wire|textlm" >&2
      exit 2 ;;
 esac
 if [[ "$suite" == four* && "$NGPU" -lt 4 ]]; then
@@ -488,6 +496,20 @@ native)
     for f in "$W"/host_*.log; do echo "== $(basename "$f" .log)"
       grep -E "ranks, [0-9]+ bytes|^way |^(nccl|native|python)[/0-9A-Za-z+]* (sync|async)" "$f"; done
   } > "$W/summary_body.txt" ;;
+wire)
+  step quant_kernel_tests ${TESTS_S:-120} python3 -m pytest -m gpu tests/test_gpu_quant_kernels.py \
+    -p no:cacheprovider -q -rs
+  step quant_bench ${BENCH_S:-100} python3 benchmarks/quant_bench.py
+  step wire_study ${STUDY_S:-120} python3 benchmarks/wire_study.py --device cuda --big --no-kernels \
+    --warm ${STUDY_WARM:-50}
+  { pytest_summary "$W/quant_kernel_tests.log"; tail -28 "$W/quant_bench.log"
+    tail -20 "$W/wire_study.log"; } > "$W/summary_body.txt" ;;
+textlm)
+  step textlm_2x2 ${TEXTLM_S:-480} $E_ALL --machines 2 --gpus-per-machine 2 $CAP \
+    --script benchmarks/text_lm.py -- --wire "${TEXTLM_WIRES:-fp32,int4,int4-plain,int8}" \
+    --seed "${TEXTLM_SEEDS:-0,1,2}" --steps "${TEXTLM_STEPS:-1000}" --json "$W/textlm_2x2.json"
+  grep -vE "Warning|warn|^W1|^\[rank|^\s*$|socket.cpp" "$W/textlm_2x2.log" | tail -24 \
+    > "$W/summary_body.txt" ;;
 esac
 
 {

@@ -21,6 +21,11 @@
 // the warp, so every lane reaches every shuffle (a lane past the end computes on zeros
 // and stores nothing).
 //
+// Rotated formats (ROT): rr_quantize rotates each block in registers before adding the
+// residual, rr_dequantize rotates it back before AVG's division (quant.cuh's
+// rotate_block, rotate_block_back); rr_reduce_requantize works in the rotated domain
+// and does not rotate.
+//
 // The formats, the arithmetic mirrored from quant.py and the memory helpers are in
 // quant.cuh, compiled before this file (after numeric.cuh) by
 // ringreduce/execution/kernels.py.
@@ -60,10 +65,11 @@ __device__ __forceinline__ void quantize_block(const float (&v)[E], bool active,
 }
 
 // Unpipelined meaning (quant.quantize, with compressed.py's error feedback):
-//   v = x (+ residual); packed = quantize(v); residual = v - dequantize(packed)
+//   v = R(x) (+ residual); packed = quantize(v); residual = v - dequantize(packed)
+// R: quant.rotate when ROT (rotate_block, quant.cuh), else nothing.
 // x: nblocks * B values of T (rows of k back to back); residual: fp32 alike, or null;
 // packed: the rows, per_row = k / B blocks each.
-template <typename T, int FMT, int E, bool VEC>
+template <typename T, int FMT, int E, bool VEC, bool ROT>
 __global__ void rr_quantize(const T* __restrict__ x, float* __restrict__ residual,
                             unsigned char* __restrict__ packed, long long nblocks,
                             long long per_row, int lanes, float inv_qmax) {
@@ -72,30 +78,31 @@ __global__ void rr_quantize(const T* __restrict__ x, float* __restrict__ residua
     const int groups = 32 / lanes, group = (threadIdx.x & 31) / lanes;
     const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * groups;
+    float d[E];
+    if constexpr (ROT) rotation_signs<E>(lane, lanes, log2_of(block) / 2, d);
     for (long long first = warp * groups; first < nblocks; first += step) {
         const long long g = first + group;
         const bool active = g < nblocks;
-        float v[E];
+        float v[E], r[E];
 #pragma unroll
         for (int c = 0; c < E / 4; ++c) {
             const long long at = g * block + (c * lanes + lane) * 4;
-            float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[c * 4 + e] = r[c * 4 + e] = 0.0f;
             if (active) {
                 load4<T, VEC>(x + at, &v[c * 4]);
-                if (residual != nullptr) load4<float, VEC>(residual + at, r);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) v[c * 4 + e] = 0.0f;
-            }
-            if (residual != nullptr) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) v[c * 4 + e] = f_add(v[c * 4 + e], r[e]);
+                if (residual != nullptr) load4<float, VEC>(residual + at, &r[c * 4]);
             }
         }
-        const long long r = active ? g / per_row : 0;
-        const PackedRow row{packed + r * row_bytes(per_row, block, bits), per_row};
-        quantize_block<FMT, E, VEC>(v, active, lane, lanes, row, g - r * per_row, inv_qmax,
-                                    residual == nullptr ? nullptr : residual + g * block);
+        if constexpr (ROT) rotate_block<E>(v, d, lane, lanes);  // every lane: shuffles
+        if (residual != nullptr) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) v[e] = f_add(v[e], r[e]);
+        }
+        const long long row_index = active ? g / per_row : 0;
+        const PackedRow row{packed + row_index * row_bytes(per_row, block, bits), per_row};
+        quantize_block<FMT, E, VEC>(v, active, lane, lanes, row, g - row_index * per_row,
+                                    inv_qmax, residual == nullptr ? nullptr : residual + g * block);
     }
 }
 
@@ -154,10 +161,13 @@ __global__ void rr_reduce_requantize(const unsigned char* __restrict__ got,
     }
 }
 
-// Unpipelined meaning (quant.dequantize, then compressed.py's AVG and cast):
-//   out = dequantize(packed) (/ world when world > 0), rounded to T
-// packed: rows of per_row blocks; out: nblocks * B values of T.
-template <typename T, int FMT, int E, bool VEC>
+// Unpipelined meaning (quant.dequantize, then compressed.py's rotation back, AVG and cast):
+//   out = R'(dequantize(packed)) (/ world when world > 0), rounded to T
+// R': quant.rotate_back when ROT (rotate_block_back, quant.cuh), else nothing.
+// packed: rows of per_row blocks; out: nblocks * B values of T. The loop's bound is
+// uniform over the warp (a group past the end computes on zeros and stores nothing), so
+// every lane reaches the rotation's shuffles.
+template <typename T, int FMT, int E, bool VEC, bool ROT>
 __global__ void rr_dequantize(const unsigned char* __restrict__ packed, T* __restrict__ out,
                               long long nblocks, long long per_row, int lanes, float world) {
     constexpr int bits = QuantWire<FMT>::bits;
@@ -165,22 +175,36 @@ __global__ void rr_dequantize(const unsigned char* __restrict__ packed, T* __res
     const int groups = 32 / lanes, group = (threadIdx.x & 31) / lanes;
     const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * groups;
-    for (long long g = warp * groups + group; g < nblocks; g += step) {
-        const long long r = g / per_row, b = g - r * per_row;
-        const PackedRow row{const_cast<unsigned char*>(packed) + r * row_bytes(per_row, block, bits),
-                            per_row};
-        const float scale = load_scale<VEC>(row.scale(b));
+    float d[E];
+    if constexpr (ROT) rotation_signs<E>(lane, lanes, log2_of(block) - log2_of(block) / 2, d);
+    for (long long first = warp * groups; first < nblocks; first += step) {
+        const long long g = first + group;
+        const bool active = g < nblocks;
+        float v[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) v[e] = 0.0f;
+        if (active) {
+            const long long r = g / per_row, b = g - r * per_row;
+            const PackedRow row{const_cast<unsigned char*>(packed) +
+                                    r * row_bytes(per_row, block, bits), per_row};
+            const float scale = load_scale<VEC>(row.scale(b));
+#pragma unroll
+            for (int c = 0; c < E / 4; ++c) {
+                const unsigned codes = load_codes<FMT, VEC>(
+                    row.payload(b, block, (c * lanes + lane) * 4, bits));
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[c * 4 + e] = f_mul(code_at<FMT>(codes, e), scale);
+            }
+        }
+        if constexpr (ROT) rotate_block_back<E>(v, d, lane, lanes);
+        if (!active) continue;
 #pragma unroll
         for (int c = 0; c < E / 4; ++c) {
-            const int i = (c * lanes + lane) * 4;
-            const unsigned codes = load_codes<FMT, VEC>(row.payload(b, block, i, bits));
-            float x[4];
+            if (world > 0.0f) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                x[e] = f_mul(code_at<FMT>(codes, e), scale);
-                if (world > 0.0f) x[e] = f_div(x[e], world);
+                for (int e = 0; e < 4; ++e) v[c * 4 + e] = f_div(v[c * 4 + e], world);
             }
-            store4<T, VEC>(out + g * block + i, x);
+            store4<T, VEC>(out + g * block + (c * lanes + lane) * 4, &v[c * 4]);
         }
     }
 }

@@ -22,12 +22,14 @@
 // VEC: vector loads and stores (16-byte fp32 chunks, 4-byte int8/fp8 and 2-byte int4
 // payload chunks), when every pointer is aligned for them; else the same element order
 // in scalar accesses.
-// FMT: 0 int8, 1 fp8 (e4m3), 2 int4.
+// FMT: 0 int8, 1 fp8 (e4m3), 2 int4, 3 gauss4 (4-bit codes at Gaussian levels).
 
 template <int FMT> struct QuantWire;
 template <> struct QuantWire<0> { static constexpr float qmax = 127.0f; static constexpr int bits = 8; };
 template <> struct QuantWire<1> { static constexpr float qmax = 448.0f; static constexpr int bits = 8; };
 template <> struct QuantWire<2> { static constexpr float qmax = 7.0f; static constexpr int bits = 4; };
+template <> struct QuantWire<3> { static constexpr float qmax = 1.0f; static constexpr int bits = 4; };
+
 
 __device__ __forceinline__ bool finite(float f) {
     return (__float_as_uint(f) & 0x7f800000u) != 0x7f800000u;
@@ -64,6 +66,33 @@ __device__ __forceinline__ float nan_max(float a, float b) {
 // scale finite and > 0 (subnormals included), as torch.isfinite(s) & (s > 0).
 __device__ __forceinline__ bool usable_scale(float s) {
     return __float_as_uint(s) - 1u < 0x7f800000u - 1u;
+}
+
+// gauss4 (FMT 3, quant.py GAUSS4_LEVELS / GAUSS4_THRESHOLDS): a code -7..7 stands for
+// +-L[|code|] of the block's max-abs, L[j] = n_j / 1024; |y| above threshold j
+// (t_j / 2048) takes a level above j. Every constant is exact in fp32, and the compares
+// are exact: the torch ops' bucketize, bit for bit. Selects, not a table in memory, so
+// a warp's lanes never serialize on different entries.
+__device__ __forceinline__ float gauss4_level(int q) {
+    const int m = q < 0 ? -q : q;
+    float l = 0.0f;
+    l = m == 1 ? 98.0f / 1024.0f : l;
+    l = m == 2 ? 198.0f / 1024.0f : l;
+    l = m == 3 ? 305.0f / 1024.0f : l;
+    l = m == 4 ? 420.0f / 1024.0f : l;
+    l = m == 5 ? 553.0f / 1024.0f : l;
+    l = m == 6 ? 715.0f / 1024.0f : l;
+    l = m == 7 ? 938.0f / 1024.0f : l;
+    return q < 0 ? -l : l;
+}
+
+// The code of y (|y| <= 1, not nan): sign(y) * (thresholds below |y|).
+__device__ __forceinline__ int gauss4_code(float y) {
+    const float a = f_abs(y);
+    const int m = (a > 98.0f / 2048.0f) + (a > 296.0f / 2048.0f) + (a > 503.0f / 2048.0f) +
+                  (a > 725.0f / 2048.0f) + (a > 973.0f / 2048.0f) + (a > 1268.0f / 2048.0f) +
+                  (a > 1653.0f / 2048.0f);
+    return (__float_as_uint(y) >> 31) ? -m : m;
 }
 
 // float -> e4m3fn bits: c10::detail::fp8e4m3fn_from_fp32_value, step for step (what
@@ -108,6 +137,10 @@ __device__ __forceinline__ unsigned encode(float v, float scale, bool usable, fl
         const unsigned b = e4m3_bits(y);
         *value = e4m3_value(b);
         return b;
+    } else if constexpr (FMT == 3) {
+        const int q = gauss4_code(y);
+        *value = gauss4_level(q);
+        return static_cast<unsigned>(q) & 0xfu;
     } else {
         const int q = __float2int_rn(y);  // rint: ties to even, as torch.round
         *value = static_cast<float>(q);
@@ -119,6 +152,7 @@ template <int FMT>
 __device__ __forceinline__ float decode(unsigned code) {
     if constexpr (FMT == 1) return e4m3_value(code);
     else if constexpr (FMT == 2) return static_cast<float>(static_cast<int>(code << 28) >> 28);
+    else if constexpr (FMT == 3) return gauss4_level(static_cast<int>(code << 28) >> 28);
     else return static_cast<float>(static_cast<signed char>(code));
 }
 
@@ -160,31 +194,31 @@ __device__ __forceinline__ void store_scale(unsigned char* p, float s) {
 // A chunk's 4 codes as one word: int8/fp8 4 bytes, int4 2 bytes (low nibble first).
 template <int FMT, bool VEC>
 __device__ __forceinline__ unsigned load_codes(const unsigned char* p) {
-    if constexpr (VEC && FMT == 2) {
+    if constexpr (VEC && QuantWire<FMT>::bits == 4) {
         return *reinterpret_cast<const unsigned short*>(p);
     } else if constexpr (VEC) {
         return *reinterpret_cast<const unsigned*>(p);
     } else {
         unsigned u = 0;
-        for (int j = 0; j < (FMT == 2 ? 2 : 4); ++j) u |= static_cast<unsigned>(p[j]) << (8 * j);
+        for (int j = 0; j < (QuantWire<FMT>::bits == 4 ? 2 : 4); ++j) u |= static_cast<unsigned>(p[j]) << (8 * j);
         return u;
     }
 }
 
 template <int FMT, bool VEC>
 __device__ __forceinline__ void store_codes(unsigned char* p, unsigned u) {
-    if constexpr (VEC && FMT == 2) {
+    if constexpr (VEC && QuantWire<FMT>::bits == 4) {
         *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(u);
     } else if constexpr (VEC) {
         *reinterpret_cast<unsigned*>(p) = u;
     } else {
-        for (int j = 0; j < (FMT == 2 ? 2 : 4); ++j) p[j] = static_cast<unsigned char>(u >> (8 * j));
+        for (int j = 0; j < (QuantWire<FMT>::bits == 4 ? 2 : 4); ++j) p[j] = static_cast<unsigned char>(u >> (8 * j));
     }
 }
 
 template <int FMT>
 __device__ __forceinline__ float code_at(unsigned codes, int e) {
-    return FMT == 2 ? decode<FMT>((codes >> (4 * e)) & 0xfu)
+    return QuantWire<FMT>::bits == 4 ? decode<FMT>((codes >> (4 * e)) & 0xfu)
                     : decode<FMT>((codes >> (8 * e)) & 0xffu);
 }
 
@@ -212,3 +246,91 @@ __device__ __forceinline__ void store4(T* p, const float* in) {
         for (int e = 0; e < 4; ++e) from_acc(in[e], &p[e]);
     }
 }
+
+// The rotated formats' randomized Hadamard transform of one block (quant.py's rotate and
+// rotate_back, bit for bit). A group's block is spread over its lanes as everywhere here:
+// v[c * 4 + e] of lane `lane` is element i = (c * L + lane) * 4 + e, so i's bits 0-1 are
+// e, the next log2(L) the lane, the rest c. The butterfly passes run in quant.py's order,
+// h = 1, 2, 4, .., B/2: the first two inside a chunk, then log2(L) across lanes (an
+// xor-shuffle inside the group; the lane holding the pair's upper element takes
+// lower - upper), then the chunk bits, in registers. Each pass is one f_add or f_sub per
+// element, rounded alone as torch's ops do: the same sums, the same order, the same bits.
+
+// quant.py's sign_hash: lowbias32 of lowbias32(SIGN_SEED ^ B) + i.
+__device__ __forceinline__ unsigned lowbias32(unsigned x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
+#define RR_SIGN_SEED 0x52494E47u
+
+// This lane's E multipliers (loop-invariant: every block's positions are the same):
+// s_i 2^-shift, s_i = -1 where the top bit of the hash of i is set (quant.py's signs:
+// shift = log2(B) / 2 forward, log2(B) - that back).
+template <int E>
+__device__ __forceinline__ void rotation_signs(int lane, int lanes, int shift, float (&d)[E]) {
+    const int block = E * lanes;
+    const unsigned base = lowbias32(RR_SIGN_SEED ^ static_cast<unsigned>(block));
+    const float power = __uint_as_float(static_cast<unsigned>(127 - shift) << 23);
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+        const unsigned i = static_cast<unsigned>(((j / 4) * lanes + lane) * 4 + j % 4);
+        d[j] = (lowbias32(base + i) >> 31) ? -power : power;
+    }
+}
+
+// v = H v over the group's block (unnormalized, quant.py's _walsh_hadamard).
+template <int E>
+__device__ __forceinline__ void walsh_hadamard(float (&v)[E], int lane, int lanes) {
+#pragma unroll
+    for (int h = 1; h < 4; h <<= 1) {
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            if (j & h) continue;
+            const float a = v[j], b = v[j + h];
+            v[j] = f_add(a, b);
+            v[j + h] = f_sub(a, b);
+        }
+    }
+    for (int s = 1; s < lanes; s <<= 1) {
+        const bool upper = lane & s;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            const float other = __shfl_xor_sync(0xffffffffu, v[j], s);
+            v[j] = upper ? f_sub(other, v[j]) : f_add(v[j], other);
+        }
+    }
+#pragma unroll
+    for (int h = 4; h < E; h <<= 1) {
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            if (j & h) continue;
+            const float a = v[j], b = v[j + h];
+            v[j] = f_add(a, b);
+            v[j + h] = f_sub(a, b);
+        }
+    }
+}
+
+// quant.py's rotate: v = H (d * v).
+template <int E>
+__device__ __forceinline__ void rotate_block(float (&v)[E], const float (&d)[E], int lane,
+                                             int lanes) {
+#pragma unroll
+    for (int j = 0; j < E; ++j) v[j] = f_mul(v[j], d[j]);
+    walsh_hadamard<E>(v, lane, lanes);
+}
+
+// quant.py's rotate_back: v = d * (H v) + 0 (the add turns -0 into +0 and nothing else).
+template <int E>
+__device__ __forceinline__ void rotate_block_back(float (&v)[E], const float (&d)[E], int lane,
+                                                  int lanes) {
+    walsh_hadamard<E>(v, lane, lanes);
+#pragma unroll
+    for (int j = 0; j < E; ++j) v[j] = f_add(f_mul(v[j], d[j]), 0.0f);
+}
+
+// log2 of a power of two.
+__device__ __forceinline__ int log2_of(int block) { return 31 - __clz(block); }

@@ -69,7 +69,10 @@ ISSUERS = ("native", "python")
 WIRE_DTYPES = ("bfloat16", "float16")
 #: Every wire format (Config.wire): the 16-bit ones by their short names, then the
 #: block-quantized ones (execution/quant.py).
-WIRES = ("bf16", "fp16", "int8", "fp8", "int4")
+WIRES = ("bf16", "fp16", "int8", "fp8", "int4", "int4-plain", "int8-rot")
+#: The quantized wires that rotate each block (execution/quant.py): their wire_block
+#: must be a power of two.
+ROTATED_WIRES = ("int4", "int8-rot")
 #: wire_dtype's names -> wire's (wire_dtype is wire's older spelling for 16 bits).
 WIRE_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
 
@@ -134,18 +137,23 @@ class Config:
     wire: str | None = None
     """The network hop's format (``RINGREDUCE_WIRE``): ``"bf16"``/``"fp16"`` (float32
     tensors, pipelined: collect and diffuse in 16 bits, every reduced element rounded once
-    alike on every machine), or ``"int8"``, ``"fp8"`` (e4m3), ``"int4"``: float32 and
-    16-bit tensors of SUM and AVG calls cross the rail quantized in blocks of
-    ``wire_block`` elements (execution/compressed.py), fp32 elsewhere; every rank ends
-    with identical values. MAX/MIN, other dtypes and the flat route keep the tensor's
-    format. ``None``: the tensor's dtype. A call may override it (``wire=``). The
+    alike on every machine), or ``"int8"``, ``"fp8"`` (e4m3), ``"int4"`` (each block
+    rotated by a randomized Hadamard transform, then 4-bit codes at Gaussian levels),
+    ``"int4-plain"`` (uniform 4-bit steps, unrotated), ``"int8-rot"`` (int8 on rotated
+    blocks): float32 and 16-bit tensors of SUM
+    and AVG calls cross the rail quantized in blocks of ``wire_block`` elements
+    (execution/compressed.py, quant.py), fp32 elsewhere; every rank ends with identical
+    values. MAX/MIN, other dtypes and the flat route keep the tensor's format. ``None``:
+    the tensor's dtype. A call may override it (``wire=``). The
     "ringreduce" backend's engine takes none (its all-reduces stay exact: a user's
     metrics reach it too; integrations/backend.py); compress DDP's gradients with
     ``ringreduce.ddp.apply(model, wire=...)``."""
 
     wire_block: int = DEFAULT_WIRE_BLOCK
     """Elements per quantization block of the 8- and 4-bit wires (``RINGREDUCE_WIRE_BLOCK``;
-    a multiple of 8); DEFAULT_WIRE_BLOCK says why 256."""
+    a multiple of 8, a power of two for the wires that rotate each block: ``"int4"``,
+    ``"int8-rot"``);
+    DEFAULT_WIRE_BLOCK says why 256."""
 
     hook_feedback: bool = True
     """The DDP hook keeps error feedback per bucket for the 8- and 4-bit wires
@@ -207,6 +215,11 @@ class Config:
         if not isinstance(self.wire_block, int) or self.wire_block < 8 or self.wire_block % 8:
             raise ValueError(f"wire_block={self.wire_block!r} must be a positive multiple of 8 "
                              f"(elements per fp32 scale); the default is {DEFAULT_WIRE_BLOCK}")
+        if self.wire in ROTATED_WIRES and self.wire_block & (self.wire_block - 1):
+            raise ValueError(f"wire={self.wire!r} rotates blocks with a Hadamard transform, so "
+                             f"wire_block={self.wire_block!r} must be a power of two; use "
+                             f"{1 << (self.wire_block - 1).bit_length()} or the default "
+                             f"{DEFAULT_WIRE_BLOCK}")
         alias = WIRE_OF_DTYPE.get(self.wire_dtype or "")
         if self.wire is None and alias is not None:
             object.__setattr__(self, "wire", alias)  # frozen: set once, while constructing

@@ -149,7 +149,8 @@ def _given_comm(rank: int, mesh: Any, machines: int) -> None:
 def _compressed_call(rank: int, world: int, mesh: Any, machines: int, wire: str) -> None:
     """One quantized reduce-scatter against the exact sum of known inputs: each other
     machine's partial is off by at most its block's max-abs times the format's worst
-    error (quant.Format.worst_error); the machine's own partial is exact."""
+    error (quant.Format.worst_error_in: a rotated format's bound is its block times
+    looser); the machine's own partial is exact."""
     n, devices = 40, world // machines  # 40: not a multiple of the 32-element wire block
     hook = ringreduce.fsdp.RingReduceScatter(wire=wire, machines=machines, min_bytes=0,
                                              wire_block=32)
@@ -162,7 +163,7 @@ def _compressed_call(rank: int, world: int, mesh: Any, machines: int, wire: str)
     mine = rank // devices
     partials = blocks.view(machines, devices, n).sum(1)
     bound = sum(_block_max(partials[j], 32) for j in range(machines) if j != mine) \
-        * quant.FORMATS[wire].worst_error
+        * quant.FORMATS[wire].worst_error_in(32)
     assert ((out - exact).abs() <= bound * (1 + 1e-5)).all(), (wire, (out - exact).abs().max())
     assert not torch.equal(out, exact), f"{wire}: nothing was rounded, so nothing was tested"
     routes_seen = [r.route for r in hook.comms.communicators()[mesh.get_group().group_name]

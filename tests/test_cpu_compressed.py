@@ -142,10 +142,12 @@ def test_quantize_round_trip(name: str) -> None:
     quant.dequantize(packed, fmt, block, y)
     assert torch.equal(y[1, :block], torch.zeros(block))
     assert not torch.isfinite(y[2, :block]).any() and torch.isfinite(y[2, block:]).all()
-    # a value is off by at most half a step (int) or half an e4m3 ulp of the block max
-    step = x[0].view(8, block).abs().amax(-1, keepdim=True) / fmt.qmax
-    half = step / 2 if name != "fp8" else step * 448 * 2.0**-4
+    # a value is off by at most half a step (int), half an e4m3 ulp of the block max, or
+    # gauss4's widest half-gap (quant.Format.worst_error; no rotation here)
+    half = x[0].view(8, block).abs().amax(-1, keepdim=True) * fmt.worst_error
     assert ((y[0] - x[0]).view(8, block).abs() <= half * 1.0001).all()
+    if fmt.encoding == "gauss4":
+        return  # its top level is below the max: requantized, the block's scale shrinks
     again = torch.empty_like(packed[:1])
     quant.quantize(y[:1].clone(), fmt, block, again)
     assert torch.equal(again, packed[:1]), "dequantized values must quantize to themselves"

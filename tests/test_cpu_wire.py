@@ -64,3 +64,114 @@ def test_wire_rounds_once_and_identically_on_every_rank() -> None:
 def test_wire_dtype_is_checked() -> None:
     with pytest.raises(ValueError, match="wire_dtype='int8' is not supported"):
         ringreduce.Config(wire_dtype="int8")
+
+
+# --- the rotated 4-bit wire (quant.py: int4 = gauss4 levels on rotated blocks) -------
+
+def _hadamard(block: int) -> torch.Tensor:
+    """Sylvester's Hadamard matrix in float64: H[i, j] = (-1)^popcount(i & j)."""
+    i = torch.arange(block)
+    bits = torch.bitwise_and(i[:, None], i[None, :])
+    parity = torch.zeros_like(bits)
+    for b in range(block.bit_length()):
+        parity ^= (bits >> b) & 1
+    return 1.0 - 2.0 * parity.double()
+
+
+@pytest.mark.parametrize("block", [8, 64, 128, 256])
+def test_rotation_is_a_randomized_hadamard_transform(block: int) -> None:
+    from ringreduce.execution import quant
+
+    g = torch.Generator().manual_seed(block)
+    x = torch.randn(3, 5 * block, generator=g) * torch.logspace(-3, 3, 5 * block)
+    forward, back = quant.signs(block, CPU)
+    signs = torch.sign(forward).double()
+    assert torch.equal(torch.sign(back), torch.sign(forward))
+    a = (block.bit_length() - 1) // 2
+    want = (x.double().view(3, 5, block) * signs) @ _hadamard(block).T * 2.0**-a
+    got = quant.rotate(x, block)
+    assert torch.allclose(got.double().view(3, 5, block), want, rtol=0, atol=1e-5 * x.abs().max())
+    assert 0.3 < (signs < 0).double().mean() < 0.7, "the signs are not mixed"
+    assert torch.equal(quant.rotate(x, block), got), "the rotation is not deterministic"
+    again = got.clone()
+    quant.rotate_back(again, block)
+    assert torch.allclose(again, x, rtol=1e-5, atol=1e-6 * x.abs().max())
+
+
+def test_rotation_signs_differ_by_block() -> None:
+    from ringreduce.execution import quant
+
+    s64, s128 = (torch.sign(quant.signs(b, CPU)[0]) for b in (64, 128))
+    assert not torch.equal(s64, s128[:64])
+
+
+def _one_call(parts: torch.Tensor, wire: str, block: int) -> torch.Tensor:
+    """compressed.py's collect quantization, add, requantization and dequantization of
+    M machines' partials (M, k), torch ops: what every rank ends with."""
+    from types import SimpleNamespace
+
+    from ringreduce.execution import compressed, quant
+
+    codec = compressed.Codec(quant.FORMATS[wire], block, None, CPU)
+    got = codec.packed(*parts.shape)
+    codec.quantize(parts.clone(), got, None)
+    sent = compressed._add(got, got, codec, None, 0)
+    ctx = SimpleNamespace(topo=SimpleNamespace(world_size=4), divisors={})
+    return compressed._unpack(sent, codec, "sum", torch.float32, ctx).view(-1)  # type: ignore[arg-type]
+
+
+def test_rotated_int4_beats_the_plain_one_on_outlier_blocks() -> None:
+    """Gradient-like blocks: a Gaussian bulk and one value 20 times out per block. The
+    plain wire's step is set by the outlier; the rotated one spreads it."""
+    g = torch.Generator().manual_seed(0)
+    parts = torch.randn(2, 64 * 256, generator=g)
+    parts.view(2, 64, 256)[:, :, 7] *= 20
+    exact = parts.double().sum(0)
+    err = {wire: ((_one_call(parts, wire, 256).double() - exact).norm() / exact.norm()).item()
+           for wire in ("int4", "int4-plain")}
+    assert err["int4"] < 0.6 * err["int4-plain"], err
+    assert err["int4"] < 0.13, err
+
+
+def test_gauss4_levels_are_exact_and_ties_go_down() -> None:
+    """quant.quantize's gauss4 codes, unrotated (the rotation is tested above): a block
+    whose max-abs is 1 (scale 1) holding each level, each tie, and negatives."""
+    from ringreduce.execution import quant
+
+    fmt, block = quant.Format("gauss4", 1.0, 4, "gauss4"), 16
+    levels = torch.tensor(quant.GAUSS4_LEVELS, dtype=torch.float32) / quant.GAUSS4_DENOMINATOR
+    ties = torch.tensor(quant.GAUSS4_THRESHOLDS, dtype=torch.float32) / 2048
+    for values, want in ((levels, levels), (ties, levels[:-1]), (-levels, -levels)):
+        x = torch.zeros(1, block)
+        x[0, :values.numel()] = values
+        x[0, -1] = 1.0
+        packed = torch.empty(1, fmt.row_bytes(block, block), dtype=torch.uint8)
+        quant.quantize(x, fmt, block, packed)
+        out = torch.empty(1, block)
+        quant.dequantize(packed, fmt, block, out)
+        assert torch.equal(out[0, :want.numel()], want), (values, out)
+        assert out[0, -1] == levels[-1]  # the max itself: the top level
+
+
+def test_rotated_wire_keeps_zeros_and_non_finite_blocks() -> None:
+    block = 64
+    g = torch.Generator().manual_seed(1)
+    parts = torch.randn(2, 6 * block, generator=g)
+    parts[:, block:2 * block] = 0.0
+    parts[0, 3 * block + 5] = float("inf")
+    parts[1, 4 * block + 9] = float("nan")
+    out = _one_call(parts, "int4", block)
+    zeros = out[block:2 * block]
+    assert torch.equal(zeros, torch.zeros(block)) and not zeros.signbit().any()
+    assert not torch.isfinite(out[3 * block:5 * block]).any()
+    assert torch.isfinite(out[:block]).all() and torch.isfinite(out[5 * block:]).all()
+
+
+def test_rotated_wire_needs_a_power_of_two_block() -> None:
+    from ringreduce.execution import compressed, quant
+
+    with pytest.raises(ValueError, match="wire_block=24 must be a power of two; use 32"):
+        ringreduce.Config(wire="int4", wire_block=24)
+    assert ringreduce.Config(wire="int4-plain", wire_block=24).wire_block == 24
+    with pytest.raises(ValueError, match="wire_block=24 must be a power of two >= 8; use 32"):
+        compressed.Codec(quant.FORMATS["int4"], 24, None, CPU)

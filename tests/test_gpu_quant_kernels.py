@@ -27,8 +27,15 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="needs cupy"),
 ]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-SHAPES = ((256, 3, 7), (256, 2, 5003), (24, 3, 5))
-"""(block, rows, blocks a row): odd counts, and 10006 blocks for several grid steps."""
+SHAPES = ((256, 3, 7), (256, 2, 5003), (24, 3, 5), (64, 3, 9), (128, 2, 7), (8, 2, 33))
+"""(block, rows, blocks a row): odd counts, and 10006 blocks for several grid steps; 64
+(two groups of 16 lanes a warp), 128 (32 lanes of 4) and 8 (16 groups of 2 lanes) for
+the rotation's butterflies across lanes and chunks."""
+
+
+def _shapes(name: str) -> list[tuple[int, int, int]]:
+    """SHAPES whose block the format takes (a rotated one: powers of two)."""
+    return [s for s in SHAPES if not quant.FORMATS[name].rotated or s[0] & (s[0] - 1) == 0]
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +96,7 @@ def _codecs(kernels, name: str, block: int):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("name", list(quant.FORMATS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_quantize_matches_torch(kernels, name: str, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
-    for (block, rows, nblocks), feedback in itertools.product(SHAPES, (False, True)):
+    for (block, rows, nblocks), feedback in itertools.product(_shapes(name), (False, True)):
         fused, torch_ops = _codecs(kernels, name, block)
         k = nblocks * block
         x = _data(rows, k, block, seed=nblocks, dtype=dtype)
@@ -122,7 +129,7 @@ def test_unaligned_rows_take_the_scalar_variant(kernels, name: str) -> None:  # 
 
 @pytest.mark.parametrize("name", list(quant.FORMATS))
 def test_add_and_requantize_matches_torch(kernels, name: str) -> None:  # type: ignore[no-untyped-def]
-    for (block, machines, nblocks), feedback in itertools.product(SHAPES, (False, True)):
+    for (block, machines, nblocks), feedback in itertools.product(_shapes(name), (False, True)):
         fused, torch_ops = _codecs(kernels, name, block)
         k = nblocks * block
         parts = _data(machines, k, block, seed=nblocks + 7, dtype=torch.float32)
@@ -149,7 +156,7 @@ def test_add_and_requantize_matches_torch(kernels, name: str) -> None:  # type: 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_dequantize_matches_torch(kernels, name: str, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
     ctx = SimpleNamespace(topo=SimpleNamespace(world_size=6), divisors={})
-    for (block, rows, nblocks), op in itertools.product(SHAPES, ("sum", "avg")):
+    for (block, rows, nblocks), op in itertools.product(_shapes(name), ("sum", "avg")):
         fused, torch_ops = _codecs(kernels, name, block)
         k = nblocks * block
         x = _data(rows, k, block, seed=nblocks + 3, dtype=torch.float32)

@@ -250,7 +250,8 @@ def quantized_tolerance(b: Bench) -> float:
     if b.args.wire not in FORMATS or b.args.collective != "all_reduce":
         return 0.0
     n = b.launch.world_size
-    bound = FORMATS[b.args.wire].worst_error * 6 * n * 1.01  # 1%: fp32 rounding of scales
+    worst = FORMATS[b.args.wire].worst_error_in(b.comm.config.wire_block)
+    bound = worst * 6 * n * 1.01  # 1%: fp32 rounding of scales
     return bound / n if b.args.op == "avg" else bound
 
 

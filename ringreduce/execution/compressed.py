@@ -14,6 +14,8 @@ float32/bfloat16/float16 tensor of a SUM or AVG call; M machines x D devices, ra
     sent     = quantize(reduced)
     rows[j]  = machine j's sent (this machine's own included)  diffuse: rail all-gather
     out      = dequant(rows), / N for AVG (fp32), in t's dtype (M, k)
+    (rotated formats, quant.py: quantize(part) rotates each block first, so collect, the
+    sum, the diffuse error and diffuse are in the rotated domain; out rotates back)
     t        = (every device's out)[:numel]                    all-gather
 
 Every rank dequantizes the same bytes for every row (the owner of a row its own
@@ -52,7 +54,14 @@ import torch
 from ringreduce.execution.add import finish_average
 from ringreduce.execution.feedback import Errors, keep_error
 from ringreduce.execution.pipeline import stage_errors
-from ringreduce.execution.quant import SCALE_BYTES, Format, dequantize, quantize
+from ringreduce.execution.quant import (
+    SCALE_BYTES,
+    Format,
+    dequantize,
+    quantize,
+    rotate_back,
+)
+from ringreduce.execution.quant import rotate as rotate_blocks
 
 if TYPE_CHECKING:
     from ringreduce.execution.context import CallContext
@@ -126,6 +135,7 @@ class Codec:
 
     def __init__(self, fmt: Format, block: int, kernels: Any, device: torch.device,
                  on: On | None = None) -> None:
+        fmt.check_block(block)
         self.fmt, self.block, self.kernels = fmt, block, kernels
         self.scratch = on.scratch if on is not None else Scratch(device)
         self.handle = 0 if kernels is None else on.stream if on is not None and \
@@ -135,12 +145,20 @@ class Codec:
         """(rows, row bytes) uint8 for ``rows`` packed rows of ``k`` values."""
         return self.scratch.empty((rows, self.fmt.row_bytes(k, self.block)), torch.uint8)
 
-    def quantize(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None) -> None:
-        """out = quantize(x + residual); residual = what that dropped (finite, or 0).
-        The torch ops add the residual into ``x`` in place; the kernels leave it as is."""
+    def quantize(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None,
+                 rotate: bool = True) -> None:
+        """out = quantize(R(x) + residual); residual = what that dropped (finite, or 0).
+        R: a rotated format's rotation (quant.rotate) when ``rotate``, else nothing (x
+        is in the rotated domain already: the add's requantization); the residual is
+        in the rotated domain. Unrotated, the torch ops add the residual into ``x`` in
+        place; the kernels leave it as is."""
+        rotated = rotate and self.fmt.rotated
         if self.kernels is not None:
-            self.kernels.quantize(x, self.fmt, self.block, out, residual, self.handle)
+            self.kernels.quantize(x, self.fmt, self.block, out, residual, self.handle,
+                                  rotated)
             return
+        if rotated:
+            x = rotate_blocks(x, self.block)
         if residual is not None:
             x = x.add_(residual)
         quantize(x, self.fmt, self.block, out)
@@ -209,7 +227,8 @@ def _add(got: torch.Tensor, mine: torch.Tensor, codec: Codec, errors: Errors | N
     reduced = values[0].clone()
     for j in range(1, machines):
         reduced.add_(values[j])
-    codec.quantize(reduced.view(1, k), sent, None if residual is None else residual.view(1, k))
+    codec.quantize(reduced.view(1, k), sent, None if residual is None else residual.view(1, k),
+                   rotate=False)  # the sum of rotated rows is rotated already
     return sent
 
 
@@ -265,6 +284,8 @@ def _unpack(rows: torch.Tensor, codec: Codec, op: str, dtype: torch.dtype,
         return out
     values = torch.empty((rows.shape[0], k), dtype=torch.float32, device=rows.device)
     dequantize(rows, codec.fmt, codec.block, values)
+    if codec.fmt.rotated:
+        rotate_back(values, codec.block)
     if op == "avg":
         finish_average(values, world, ctx.divisors.get(torch.float32))
     return values.to(dtype)

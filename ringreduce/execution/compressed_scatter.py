@@ -34,7 +34,7 @@ import torch
 from ringreduce.execution.add import finish_average
 from ringreduce.execution.compressed import Codec
 from ringreduce.execution.pipeline import stage_errors
-from ringreduce.execution.quant import Format, dequantize
+from ringreduce.execution.quant import Format, dequantize, rotate_back
 
 if TYPE_CHECKING:
     from ringreduce.execution.context import CallContext
@@ -99,5 +99,7 @@ def _collect(part: torch.Tensor, codec: Codec, error: torch.Tensor | None, ctx: 
     packed[m].copy_(sent[m])  # dequantized below with the rest, then replaced
     got = torch.empty((machines, k), dtype=torch.float32, device=part.device)
     dequantize(packed, codec.fmt, codec.block, got)
+    if codec.fmt.rotated:  # each row back from the rotated domain (quant.py)
+        rotate_back(got, codec.block)
     got[m].copy_(own)
     return got

@@ -60,8 +60,9 @@ _SOURCES = {"add.cu": ("numeric.cuh", "add.cu"), "wire.cu": ("numeric.cuh", "wir
             "check.cu": ("numeric.cuh", "check.cu"),
             "quant.cu": ("numeric.cuh", "quant.cuh", "quant.cu")}
 
-#: Block-quantized wire formats (execution/quant.py) -> FMT of native/quant.cu.
-_QUANT = {"int8": 0, "fp8": 1, "int4": 2}
+#: Block-quantized wire encodings (execution/quant.py Format.encoding) -> FMT of
+#: native/quant.cu.
+_QUANT = {"int8": 0, "fp8": 1, "int4": 2, "gauss4": 3}
 #: Element types a quantize reads and a dequantize writes.
 _QUANT_TYPES = {torch.float32: "float", torch.float16: "half_t", torch.bfloat16: "bf16_t"}
 #: quant.cu keeps a lane's share of a block in registers: E = block / lanes values, at
@@ -186,19 +187,21 @@ class Kernels:
                       np.int64(k), np.int32(nrows), np.int32(skip)), stream)
 
     def quantize(self, x: torch.Tensor, fmt: Format, block: int, out: torch.Tensor,
-                 residual: torch.Tensor | None, stream: int) -> None:
+                 residual: torch.Tensor | None, stream: int, rotate: bool = False) -> None:
         """Unpipelined meaning (quant.quantize, with error feedback when ``residual``):
-        ``v = x + residual; out = quantize(v); residual = v - dequantize(out)``, its
-        non-finite elements 0. ``x``: (R, k) float32/float16/bfloat16 (16-bit widened
-        exactly first); ``residual``: (R, k) float32 or None; ``out``: (R, row bytes)."""
+        ``v = R(x) + residual; out = quantize(v); residual = v - dequantize(out)``, its
+        non-finite elements 0; R: quant.rotate when ``rotate``, else nothing. ``x``: (R,
+        k) float32/float16/bfloat16 (16-bit widened exactly first); ``residual``: (R, k)
+        float32 or None; ``out``: (R, row bytes)."""
         rows, k = x.shape
         if rows * k == 0:
             return
         elems, lanes = _quant_shape(block)
         width = _CHUNK * x.element_size()
         vec = _aligned(k, _CHUNK, (x, width), (out, 4), *_also(residual, 16))
-        self._launch("quant.cu", f"rr_quantize<{_QUANT_TYPES[x.dtype]}, {_QUANT[fmt.name]}, "
-                     f"{elems}, {str(vec).lower()}>", rows * k, elems, 4,
+        self._launch("quant.cu", f"rr_quantize<{_QUANT_TYPES[x.dtype]}, "
+                     f"{_QUANT[fmt.encoding]}, {elems}, {_bool(vec)}, {_bool(rotate)}>",
+                     rows * k, elems, 4,
                      (np.uint64(x.data_ptr()), _pointer(residual), np.uint64(out.data_ptr()),
                       np.int64(rows * k // block), np.int64(k // block), np.int32(lanes),
                       _inverse(fmt)), stream)
@@ -217,7 +220,7 @@ class Kernels:
             return
         elems, lanes = _quant_shape(block)
         vec = _aligned(k, _CHUNK, (got, 4), (own, 4), (sent, 4), *_also(residual, 16))
-        self._launch("quant.cu", f"rr_reduce_requantize<{_QUANT[fmt.name]}, {elems}, "
+        self._launch("quant.cu", f"rr_reduce_requantize<{_QUANT[fmt.encoding]}, {elems}, "
                      f"{str(vec).lower()}>", k, elems, 4,
                      (np.uint64(got.data_ptr()), np.uint64(own.data_ptr()),
                       np.int32(own_index), np.int32(got.shape[0]), _pointer(residual),
@@ -226,8 +229,9 @@ class Kernels:
 
     def dequantize(self, packed: torch.Tensor, fmt: Format, block: int, out: torch.Tensor,
                    world_size: int, stream: int) -> None:
-        """Unpipelined meaning (quant.dequantize, then compressed.py's AVG and cast):
-        ``out = dequantize(packed)``, divided by ``world_size`` when it is not 0, in
+        """Unpipelined meaning (quant.dequantize, then compressed.py's rotation back,
+        AVG and cast): ``out = R'(dequantize(packed))`` (R': quant.rotate_back for a
+        rotated format), divided by ``world_size`` when it is not 0, in
         ``out``'s dtype (float32/float16/bfloat16, (R, k)), rounded once."""
         rows, k = out.shape
         if rows * k == 0:
@@ -235,7 +239,8 @@ class Kernels:
         elems, lanes = _quant_shape(block)
         vec = _aligned(k, _CHUNK, (packed, 4), (out, _CHUNK * out.element_size()))
         self._launch("quant.cu", f"rr_dequantize<{_QUANT_TYPES[out.dtype]}, "
-                     f"{_QUANT[fmt.name]}, {elems}, {str(vec).lower()}>", rows * k, elems, 4,
+                     f"{_QUANT[fmt.encoding]}, {elems}, {_bool(vec)}, {_bool(fmt.rotated)}>",
+                     rows * k, elems, 4,
                      (np.uint64(packed.data_ptr()), np.uint64(out.data_ptr()),
                       np.int64(rows * k // block), np.int64(k // block), np.int32(lanes),
                       np.float32(world_size)), stream)
@@ -264,6 +269,11 @@ def _quant_shape(block: int) -> tuple[int, int]:
         lanes //= 2
     assert lanes >= 1 and block % _CHUNK == 0, block
     return block // lanes, lanes
+
+
+def _bool(flag: bool) -> str:
+    """A C++ template argument."""
+    return "true" if flag else "false"
 
 
 def _inverse(fmt: Format) -> np.float32:

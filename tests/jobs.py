@@ -235,7 +235,7 @@ def fsdp_job(rank: int, world: int, folder: str, phase: str) -> None:
             torch.save({"full": full, "shards": shards(net)}, path)
             dcp.save({"ringreduce": comm.state_dict()}, checkpoint_id=os.path.join(folder, "dcp"))
         return
-    ckpt = torch.load(path, map_location=here())
+    ckpt = torch.load(path, map_location="cpu")  # shards() compares on the CPU
     saved = {"ringreduce": dcp_template(os.path.join(folder, "dcp"), rank, ("ringreduce",))}
     dcp.load(saved, checkpoint_id=os.path.join(folder, "dcp"))
     with ringreduce.Communicator() as comm:

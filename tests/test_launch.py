@@ -137,6 +137,18 @@ def test_wire_reference_and_nccl_best_merge_across_runs(tmp_path: Path,
     assert "references only, 1 rows, 0 wrong" in text and "wire bfloat16" in text
 
 
+def test_gloo_rows_name_gloo_not_nccl() -> None:
+    """A CPU run's flat reference is gloo's all-reduce: its row is not "NCCL default"."""
+    from ringreduce.benchmark.report import headline
+
+    row = {"flat_backend": "gloo", "nccl_best_algo": "default", "nccl_best_time_us": 1.0,
+           "two_level_time_us": 3.0, "wire": "bfloat16", "wire_ref_best_algo": "default",
+           "wire_ref_best_time_us": 2.0, "rr_time_us": 4.0}
+    assert headline(row) == {"best_ref": "gloo", "best_ref_ratio": 0.25}
+    assert headline(row | {"nccl_best_time_us": 5.0})["best_ref"] == "gloo bfloat16"
+    assert headline(row | {"flat_backend": "nccl"})["best_ref"] == "NCCL default"
+
+
 def _run(algo: str | None, **times: float | None) -> dict[str, Any]:
     row = {"size": 16 << 20, "buckets": 1, "collective": "all_reduce", "type": "float",
            "redop": "sum", "route": "hierarchical", "wire": "bfloat16", "rr_time_us": None,

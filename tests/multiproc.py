@@ -30,6 +30,7 @@ import faulthandler
 import gc
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -231,12 +232,16 @@ def _failure(case: str, reports: dict[int, str], hung: list[int], died: dict[int
         after = (f"{AFTER_FAILURE_S} s after another rank failed" if reports or died
                  else f"within {timeout} s")
         lines.append(f"ranks {hung} did not finish {after}")
-    return f"{case}: " + "\n".join(lines) + "\n(its rank pool was stopped; the next case " \
+    # The case's name last: _fail prints the reason's tail, and the traceback's first line
+    # stays "rank N failed" as it was with fresh processes.
+    return "\n".join(lines) + f"\n(in {case}; its rank pool was stopped, the next case " \
         "starts a fresh one)"
 
 
 def _pool_rank(conn: Connection, rank: int, world_size: int, backend: str) -> None:
     """A pooled rank: run cases until the parent closes the pipe or kills it."""
+    # Die with pytest: a killed session would otherwise leave a rank busy in a case.
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     torch.set_num_threads(1)  # CI has two cores and up to six ranks
     import ringreduce  # noqa: F401  (registers the "ringreduce" backend)
 
@@ -384,6 +389,7 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, init: str, backen
 
 
 _CLONE_NEWNET = 0x40000000  # sched.h
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def join_netns(name: str) -> None:

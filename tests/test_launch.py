@@ -94,7 +94,8 @@ def test_flag_errors_stop_before_any_process_starts() -> None:
     assert "Traceback" not in done.stderr and "ringreduce.bench  world" not in done.stdout
 
 
-@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+@pytest.mark.parametrize("collective", [
+    "reduce_scatter", pytest.param("all_gather", marks=pytest.mark.slow)])  # one bench run each
 def test_benchmark_block_collectives_check_exactly(collective: str) -> None:
     """--collective: both sides of the comparison checked element by element; 4M takes
     the hierarchical route at 2 x 2 (above the CPU default min_bytes), 64K the flat one."""
@@ -107,6 +108,7 @@ def test_benchmark_block_collectives_check_exactly(collective: str) -> None:
         assert row["collective"] == collective and row["rr_wrong"] == row["ref_wrong"] == 0, row
 
 
+@pytest.mark.slow  # two bench runs; test_summary_* check the merge on recorded rows
 def test_wire_reference_and_nccl_best_merge_across_runs(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """--wire bfloat16 adds NCCL (here gloo) in bf16, checked exactly; a second process set

@@ -84,10 +84,29 @@ def _needs_fresh_processes(backend: str, env: Env | None, expect_exit: dict[int,
     if expect_exit is not None or store is not None or pg_timeout is not None:
         return True
     envs = env if isinstance(env, list) else [env or {}]
-    if any("RR_TEST_NETNS" in e or "RR_TEST_DEVICE" in e for e in envs):
-        return True
-    # GPU cases keep their processes: a CUDA context and NCCL communicators per case.
-    return backend == "nccl" or (backend == "ringreduce" and torch.cuda.is_available())
+    return any("RR_TEST_NETNS" in e for e in envs) or _on_gpu(backend, env)
+
+
+def _on_gpu(backend: str, env: Env | None) -> bool:
+    """GPU cases keep spawned processes of their own, as they always had: a CUDA context
+    and NCCL communicators per case."""
+    envs = env if isinstance(env, list) else [env or {}]
+    return backend == "nccl" or any("RR_TEST_DEVICE" in e for e in envs) \
+        or (backend == "ringreduce" and torch.cuda.is_available())
+
+
+_PRELOAD = ["torch", "torch.distributed", "ringreduce", "tests.multiproc"]
+
+
+def _context(gpu: bool) -> Any:
+    """CPU ranks fork from a server that imported torch and ringreduce once (a spawned
+    rank spends seconds importing them); GPU ranks are spawned (never a fork of a process
+    that may touch CUDA). ``RR_TEST_FORKSERVER=0`` spawns every rank."""
+    if gpu or os.environ.get("RR_TEST_FORKSERVER") == "0":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
 
 
 def _case_env(env: Env | None, rank: int) -> dict[str, str]:
@@ -138,7 +157,7 @@ class _Pool:
     """``world_size`` spawned ranks, each waiting on its end of a pipe for a case."""
 
     def __init__(self, world_size: int, backend: str) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = _context(gpu=False)
         self.world_size, self.backend = world_size, backend
         self.folder = tempfile.mkdtemp(prefix="rr-test-pool-")
         self.generation = 0
@@ -314,12 +333,13 @@ def _clean_up(before: weakref.WeakSet[Any], keep_default: bool) -> None:
 def _run_fresh(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...], backend: str,
                env: Env | None, timeout: float, expect_exit: dict[int, int] | None,
                store: tuple[str, int] | None, pg_timeout: float | None) -> None:
-    ctx = mp.get_context("spawn")
+    ctx = _context(_on_gpu(backend, env))
+    envs = [_case_env(env, rank) for rank in range(world_size)]
     errors = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'store')}"
         procs = [ctx.Process(target=_entry, daemon=True,
-                             args=(fn, rank, world_size, init, backend, env, args, errors,
+                             args=(fn, rank, world_size, init, backend, envs[rank], args, errors,
                                    timeout, store, pg_timeout))
                  for rank in range(world_size)]
         for p in procs:
@@ -348,13 +368,13 @@ def _run_fresh(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...], b
 
 
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, init: str, backend: str,
-           env: Env | None, args: tuple[Any, ...], errors: Any, timeout: float,
+           env: dict[str, str], args: tuple[Any, ...], errors: Any, timeout: float,
            store: tuple[str, int] | None, pg_timeout: float | None) -> None:
     # A rank still running shortly before the deadline prints every thread's stack, so
     # a hang in CI says where it is (the parent then kills it and fails the test).
     faulthandler.dump_traceback_later(max(1.0, timeout - 5), exit=False)
-    if env is not None:
-        os.environ.update(env[rank] if isinstance(env, list) else env)
+    os.environ.clear()  # a forked rank has the fork server's environment: the case's is whole
+    os.environ.update(env)
     torch.set_num_threads(1)  # CI has two cores and up to six ranks
     try:
         if "RR_TEST_NETNS" in os.environ:

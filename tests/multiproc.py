@@ -16,6 +16,9 @@ die (``expect_exit``), meet in their own store (``store``), set the group's
 (``nccl``, ``RR_TEST_DEVICE``, or the ringreduce backend where CUDA is present).
 ``RR_TEST_POOL=0`` gives every case fresh processes (to rule the pool out).
 
+CPU ranks, pooled or fresh, fork from multiprocessing's fork server, which imported torch
+and ringreduce once; GPU ranks are spawned. ``RR_TEST_FORKSERVER=0`` spawns every rank.
+
 Rendezvous goes through a FileStore in a temporary directory (no fixed ports). A
 rank that raises sends its traceback back; a rank that hangs past the deadline is
 killed and the test fails naming it.

@@ -157,7 +157,8 @@ def _close_pools() -> None:
 
 
 class _Pool:
-    """``world_size`` spawned ranks, each waiting on its end of a pipe for a case."""
+    """``world_size`` ranks (forked from the fork server), each waiting on its end of a
+    pipe for a case."""
 
     def __init__(self, world_size: int, backend: str) -> None:
         ctx = _context(gpu=False)
@@ -184,9 +185,13 @@ class _Pool:
             self.generation += 1
             init = f"file://{os.path.join(self.folder, f'store-{self.generation}')}"
         self.group_env = None  # until every rank says its group survived the case
-        for rank, conn in enumerate(self.conns):
-            conn.send((init, fn, args, envs[rank], timeout))
-        reports, intact, hung, died = self._collect(timeout)
+        try:
+            for rank, conn in enumerate(self.conns):
+                conn.send((init, fn, args, envs[rank], timeout))
+            reports, intact, hung, died = self._collect(timeout)
+        except BaseException:  # fn that does not pickle, Ctrl-C: some ranks may be in the case
+            self._discard()
+            raise
         if not (reports or hung or died) and all(intact.values()):
             self.group_env = envs
         if reports or hung or died:

@@ -94,3 +94,9 @@ def test_a_hung_or_dead_rank_fails_its_case_alone(request: pytest.FixtureRequest
     with pytest.raises(AssertionError, match=rf"{died}\n\(in {name};"):
         run_test_ranks(_die_on_rank_one, 2)
     run_test_ranks(_find_nothing, 2)  # a fresh pool
+
+
+def test_a_function_that_does_not_pickle_fails_and_leaves_no_half_sent_case() -> None:
+    with pytest.raises(Exception, match="pickle"):
+        run_test_ranks(lambda rank, world: None, 2)
+    run_test_ranks(_find_nothing, 2)

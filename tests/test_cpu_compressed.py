@@ -51,7 +51,8 @@ def _compressed_worker(rank: int, world: int, machines: int, report: str) -> Non
             f.write("\n".join([f"# {machines} x {world // machines}", *table]) + "\n")
 
 
-@pytest.mark.parametrize("machines,devices", [(2, 2), (3, 2)], ids=["2x2", "3x2"])
+@pytest.mark.parametrize("machines,devices", [
+    pytest.param(2, 2, id="2x2"), pytest.param(3, 2, id="3x2", marks=pytest.mark.slow)])
 def test_compressed_bounds_identity_and_non_finite(machines: int, devices: int) -> None:
     report = os.environ.get("RR_TEST_ERROR_REPORT", "")  # where to write the error table
     run_test_ranks(_compressed_worker, machines * devices, machines, report)

@@ -154,6 +154,7 @@ def test_dlrm_command_line_runs() -> None:
     assert 0 < report["meta"]["floor"] < report["meta"]["target_loss"] < runs[0]["losses"][0]
 
 
+@pytest.mark.slow  # the DLRM command line above takes the same path through the script
 def test_transformer_command_line_runs() -> None:
     """`python benchmarks/dlrm.py --device cpu --model transformer ...`: the tiny
     transformer with nccl and hook; the JSON says which model ran, and the table's

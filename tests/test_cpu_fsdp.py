@@ -47,6 +47,7 @@ def test_fsdp_2x2() -> None:
     run_test_ranks(worker, 4, 2, ("exact", "given", "compressed", "training"), timeout=120)
 
 
+@pytest.mark.slow  # the 2 x 2 case runs these cases and more in the quick run
 def test_fsdp_3x2() -> None:
     """3 machines x 2: the exact cases (AVG divides by 6: one correctly rounded division)."""
     run_test_ranks(worker, 6, 3, ("exact",), timeout=120)

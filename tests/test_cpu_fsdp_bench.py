@@ -48,6 +48,7 @@ def max_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.slow  # a training per mode, in ranks of its own; the pieces are tested below
 def test_fsdp_command_line_runs_every_mode(tmp_path: Path) -> None:
     """`python benchmarks/fsdp.py --device cpu ...`: every mode, fsdp-nccl at a second
     seed; the table printed last; the JSON's curves agree as the docstring says, and the

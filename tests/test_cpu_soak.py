@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 import ringreduce
@@ -53,5 +54,6 @@ def _settle(done: tuple, world: int) -> None:  # type: ignore[type-arg]
                 f"soak call {call}: n={n} {dtype} {op}")
 
 
+@pytest.mark.slow
 def test_soak_random_calls_all_exact() -> None:
     run_test_ranks(_soak_worker, 4)

@@ -33,7 +33,8 @@ def _exact_worker(rank: int, world: int, machines: int, wire: torch.dtype) -> No
 
 
 @pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("machines,devices", [(2, 2), (3, 2)], ids=["2x2", "3x2"])
+@pytest.mark.parametrize("machines,devices", [
+    pytest.param(2, 2, id="2x2"), pytest.param(3, 2, id="3x2", marks=pytest.mark.slow)])
 def test_wire_keeps_small_integers_exact(machines: int, devices: int, wire: torch.dtype) -> None:
     run_test_ranks(_exact_worker, machines * devices, machines, wire)
 

@@ -94,7 +94,8 @@ def test_flag_errors_stop_before_any_process_starts() -> None:
     assert "Traceback" not in done.stderr and "ringreduce.bench  world" not in done.stdout
 
 
-@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+@pytest.mark.parametrize("collective", [
+    "reduce_scatter", pytest.param("all_gather", marks=pytest.mark.slow)])  # one bench run each
 def test_benchmark_block_collectives_check_exactly(collective: str) -> None:
     """--collective: both sides of the comparison checked element by element; 4M takes
     the hierarchical route at 2 x 2 (above the CPU default min_bytes), 64K the flat one."""
@@ -107,6 +108,7 @@ def test_benchmark_block_collectives_check_exactly(collective: str) -> None:
         assert row["collective"] == collective and row["rr_wrong"] == row["ref_wrong"] == 0, row
 
 
+@pytest.mark.slow  # two bench runs; test_summary_* check the merge on recorded rows
 def test_wire_reference_and_nccl_best_merge_across_runs(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """--wire bfloat16 adds NCCL (here gloo) in bf16, checked exactly; a second process set
@@ -135,6 +137,18 @@ def test_wire_reference_and_nccl_best_merge_across_runs(tmp_path: Path,
     assert merged["best_ref"] is not None and merged["best_ref_ratio"] > 0
     text = summary.table(runs)
     assert "references only, 1 rows, 0 wrong" in text and "wire bfloat16" in text
+
+
+def test_gloo_rows_name_gloo_not_nccl() -> None:
+    """A CPU run's flat reference is gloo's all-reduce: its row is not "NCCL default"."""
+    from ringreduce.benchmark.report import headline
+
+    row = {"flat_backend": "gloo", "nccl_best_algo": "default", "nccl_best_time_us": 1.0,
+           "two_level_time_us": 3.0, "wire": "bfloat16", "wire_ref_best_algo": "default",
+           "wire_ref_best_time_us": 2.0, "rr_time_us": 4.0}
+    assert headline(row) == {"best_ref": "gloo", "best_ref_ratio": 0.25}
+    assert headline(row | {"nccl_best_time_us": 5.0})["best_ref"] == "gloo bfloat16"
+    assert headline(row | {"flat_backend": "nccl"})["best_ref"] == "NCCL default"
 
 
 def _run(algo: str | None, **times: float | None) -> dict[str, Any]:

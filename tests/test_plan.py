@@ -167,6 +167,15 @@ def test_virtual_machines_are_contiguous() -> None:
         topology.from_virtual(6, 4, 0)
 
 
+@pytest.mark.parametrize(("world", "machines", "choices"), [
+    (4, 3, "machines=1, 2 or 4"), (6, 4, "machines=1, 2, 3 or 6"), (7, 2, "machines=1 or 7"),
+    (1, 2, "machines=1$")])
+def test_a_machines_that_does_not_divide_lists_every_divisor(world: int, machines: int,
+                                                              choices: str) -> None:
+    with pytest.raises(ValueError, match=f"choose a divisor of {world}: {choices}"):
+        topology.from_virtual(world, machines, 0)
+
+
 @pytest.mark.parametrize("devices", [1, 4])
 def test_schedule_links_stages_and_reuses_slots_in_order(devices: int) -> None:
     stages = schedule.active_stages(devices)

@@ -216,7 +216,8 @@ def make_row(b: Bench, count: int, buckets: int, route: str, names: list[str],
             else row[f"{ref}_time_us"] / rr
     # This process's NCCL under its own NCCL_ALGO; benchmark.summary merges the runs
     # under the other algorithms into these keys.
-    row |= {"nccl_algo": b.nccl_algo, "nccl_best_time_us": row["ref_time_us"],
+    row |= {"flat_backend": b.backend, "nccl_algo": b.nccl_algo,
+            "nccl_best_time_us": row["ref_time_us"],
             "nccl_best_algo": b.nccl_algo, "wire_ref_best_time_us": row["wire_ref_time_us"],
             "wire_ref_best_algo": b.nccl_algo if row["wire_ref_time_us"] else None}
     return row | headline(row)

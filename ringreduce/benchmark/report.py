@@ -33,13 +33,18 @@ def route_label(route: str) -> str:
 
 def headline(row: dict[str, Any]) -> dict[str, Any]:
     """``best_ref``: the fastest reference of the row: NCCL best (``nccl_best_algo``), the
-    two-level composition, NCCL in the wire dtype (torch's bf16_compress_hook);
+    two-level composition, NCCL in the wire dtype (torch's bf16_compress_hook); on gloo
+    (``flat_backend``) the flat references are gloo's, named so;
     ``best_ref_ratio``: its time / ringreduce's time (> 1: ringreduce faster; None
     without a ringreduce time)."""
-    times = {f"NCCL {row.get('nccl_best_algo')}": row.get("nccl_best_time_us"),
-             "two-level": row.get("two_level_time_us"),
-             f"NCCL {row.get('wire')} ({row.get('wire_ref_best_algo')})":
-                 row.get("wire_ref_best_time_us")}
+    flat = row.get("flat_backend") or "nccl"
+    if flat == "nccl":
+        names = (f"NCCL {row.get('nccl_best_algo')}",
+                 f"NCCL {row.get('wire')} ({row.get('wire_ref_best_algo')})")
+    else:  # NCCL_ALGO means nothing to gloo
+        names = (flat, f"{flat} {row.get('wire')}")
+    times = {names[0]: row.get("nccl_best_time_us"), "two-level": row.get("two_level_time_us"),
+             names[1]: row.get("wire_ref_best_time_us")}
     known = {name: t for name, t in times.items() if t}
     if not known:
         return {"best_ref": None, "best_ref_ratio": None}

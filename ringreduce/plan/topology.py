@@ -85,8 +85,16 @@ def virtual_host(rank: int, world_size: int, machines: int) -> str:
     if machines < 1 or world_size % machines:
         raise ValueError(
             f"machines={machines} must divide the world size {world_size}; choose a "
-            f"divisor of {world_size} (e.g. machines=1 or machines={world_size})")
+            f"divisor of {world_size}: {_divisor_list(world_size)}")
     return f"virtual-machine-{rank // (world_size // machines)}"
+
+
+def _divisor_list(n: int) -> str:
+    """Every valid machines= for ``n`` ranks, as a sentence: "machines=1, 2 or 4"."""
+    divisors = [str(d) for d in range(1, n + 1) if n % d == 0]
+    if len(divisors) == 1:
+        return f"machines={divisors[0]}"
+    return f"machines={', '.join(divisors[:-1])} or {divisors[-1]}"
 
 
 def from_virtual(world_size: int, machines: int, rank: int) -> Topology:

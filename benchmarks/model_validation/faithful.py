@@ -109,7 +109,8 @@ FOUR_MISSES = (
 @dataclass(frozen=True)
 class Measured:
     """One measured row: microseconds per iteration of ``buckets`` calls of ``size`` bytes,
-    ``times`` as (one of :data:`WHAT`, us); ``plan`` the one ringreduce took."""
+    ``times`` as (one of :data:`WHAT`, us); ``plan`` the route ringreduce took (FLAT:
+    NCCL's own call)."""
 
     source: str
     machines: int

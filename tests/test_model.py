@@ -359,3 +359,22 @@ def test_results_from_before_the_call_size_rule_keep_their_fixed_slices() -> Non
     assert results._slice_bytes({}, old) == 4 << 20
     assert results._slice_bytes({}, new) is None
     assert results._slice_bytes({"slice_bytes": 4096}, new) == 4096
+
+
+def test_every_presets_table_says_how_far_its_d_rests_on_measurement(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51 item 4: the presets (8 GPUs a machine) say that D = 8 was not measured and
+    how far beyond the largest measured D and link they reach; a measured D says so."""
+    from ringreduce.model.cluster import MEASURED_GPUS, MEASURED_NET_GBPS
+
+    cli.main(["--all-presets", "--machines", "2", "--sizes", "25M"])
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# measured:")]
+    assert len(notes) == len(PRESETS)
+    for note, c in zip(notes, PRESETS.values(), strict=True):
+        assert c.gpus not in MEASURED_GPUS
+        assert f"D = {c.gpus} not measured ({c.gpus / max(MEASURED_GPUS):g}x" in note
+        assert f"network {c.net_gbps / max(MEASURED_NET_GBPS):g}x" in note
+    cli.main(["--machines", "2", "--sizes", "25M", "--gpus-per-machine", "4",
+              "--machine-net-gbps", "10"])
+    (note,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# measured:")]
+    assert f"D = 4 measured ({MEASURED_GPUS[4]})" in note and "network" not in note

@@ -5,7 +5,8 @@ per setting (results.setting_key) the costs are fitted on half the rows (calibra
 every row is predicted, and the relative error of ringreduce's and NCCL's predicted times
 is reported apart for fit rows (F) and validation rows (V). The headline is the median
 over validation rows; tests/test_model_validation.py fails when it passes 20%. Then the
-faithful rows (:mod:`.faithful`), priced from the nominal cluster without a fit.
+faithful rows and the four-H200 rows (:mod:`.faithful`), priced from the nominal cluster
+without a fit.
 """
 
 from __future__ import annotations
@@ -58,4 +59,14 @@ def main(root: Path = DEFAULT_ROOT) -> Report:
     print(faithful.table(preds))
     print()
     print(faithful.summary(preds))
+    print()
+    print_four_gpu()
     return report
+
+
+def print_four_gpu() -> None:
+    """The four-H200 rows (D = 2 and D = 4) with nominal costs: table and summary."""
+    preds = faithful.four_gpu_predictions()
+    print(faithful.table(preds))
+    print()
+    print(faithful.summary(preds, faithful.FOUR_TITLE, faithful.FOUR_MISSES))

@@ -25,7 +25,7 @@ from typing import Any
 from ..plan import slicing
 from ..sizes import parse_size
 from . import calibrate, results
-from .cluster import DEFAULT_PRESET, PRESETS, Cluster
+from .cluster import DEFAULT_PRESET, PRESETS, Cluster, measured_note
 from .nccl_cost import link_bound_us, nccl_algo, ring_time_us, tree_time_us
 from .plot import SWEEP
 from .probe import AUTO, CHOICES, MODEL_MARGIN, Planned, engine_plan
@@ -102,6 +102,7 @@ def print_table(c: Cluster, rows: list[dict[str, Any]], buckets: int) -> None:
           f"{c.host_slice_us:.0f} us/slice, buckets {buckets}")
     if c.source:
         print(f"# source: {c.source}")
+    print(f"# measured: {measured_note(c)}")
     print("# time per step in us; busbw GB/s (nccl-tests); speedup = NCCL time / ringreduce"
           " time; vs best: the faster of ring and tree; default: NCCL's tuner's pick; "
           "bound = 2S(M-1)/(M*B); eff = bound / ringreduce time")

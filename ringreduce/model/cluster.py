@@ -40,6 +40,31 @@ HOST_PEER_US = 3.0
 NCCL_PEER_US = 3.0
 
 
+#: GPUs a machine (D) of the emulated runs the model is checked against with nominal costs
+#: (benchmarks/model_validation, from a checkout): D = 2 (two H100s; four H200s, 2 x 2 one
+#: rank a GPU) and D = 4 (four H200s, 2 x 4 and 4 x 4, two and four ranks a GPU under MPS).
+MEASURED_GPUS = {2: "one rank a GPU", 4: "two or four ranks a GPU under MPS"}
+#: The capped links (Gbit/s a machine) of those runs.
+MEASURED_NET_GBPS = (10.0, 25.0)
+
+
+def measured_note(c: Cluster) -> str:
+    """How far ``c`` rests on measurement: its D against :data:`MEASURED_GPUS`, its
+    network against :data:`MEASURED_NET_GBPS` (the presets: D = 8, 100-3200 Gbit/s)."""
+    most_d, most_net = max(MEASURED_GPUS), max(MEASURED_NET_GBPS)
+    gpus = (f"D = {c.gpus} measured ({MEASURED_GPUS[c.gpus]})" if c.gpus in MEASURED_GPUS else
+            f"D = {c.gpus} not measured ({c.gpus / most_d:g}x the largest measured D: the "
+            f"terms that grow with D, the intra-machine reduce-scatter and all-gather over D "
+            f"GPUs, D rails sharing the machine's NICs, NCCL's ring over M x D ranks, are "
+            f"extrapolated)")
+    net = ("" if c.net_gbps <= most_net else
+           f"; network {c.net_gbps / most_net:g}x the fastest measured link ({most_net:g} "
+           f"Gbit/s), where the CPU cost per call and NVLink, not the link, decide more rows")
+    return (f"validated at D = {' and '.join(map(str, MEASURED_GPUS))} on emulated "
+            f"{'-'.join(f'{g:g}' for g in MEASURED_NET_GBPS)} Gbit/s links (median |error| "
+            f"under 5%, python -m benchmarks.model_validation); {gpus}{net}")
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Machines of GPUs joined by a network; every field a cost the model uses."""

@@ -281,11 +281,12 @@ __device__ __forceinline__ void rotation_signs(int lane, int lanes, int shift, f
     }
 }
 
-// v = H v over the group's block (unnormalized, quant.py's _walsh_hadamard).
-template <int E>
-__device__ __forceinline__ void walsh_hadamard(float (&v)[E], int lane, int lanes) {
+// The butterfly passes of strides FIRST, 2 FIRST, ... below LAST over a lane's own values
+// (template bounds: every index known at compile time, so v stays in registers).
+template <int E, int FIRST, int LAST>
+__device__ __forceinline__ void butterflies_in_lane(float (&v)[E]) {
 #pragma unroll
-    for (int h = 1; h < 4; h <<= 1) {
+    for (int h = FIRST; h < LAST; h <<= 1) {
 #pragma unroll
         for (int j = 0; j < E; ++j) {
             if (j & h) continue;
@@ -294,6 +295,13 @@ __device__ __forceinline__ void walsh_hadamard(float (&v)[E], int lane, int lane
             v[j + h] = f_sub(a, b);
         }
     }
+}
+
+// v = H v over the group's block (unnormalized, quant.py's _walsh_hadamard): the passes
+// inside a lane's chunk of 4, then those across lanes, then those across its chunks.
+template <int E>
+__device__ __forceinline__ void walsh_hadamard(float (&v)[E], int lane, int lanes) {
+    butterflies_in_lane<E, 1, 4>(v);
     for (int s = 1; s < lanes; s <<= 1) {
         const bool upper = lane & s;
 #pragma unroll
@@ -302,16 +310,7 @@ __device__ __forceinline__ void walsh_hadamard(float (&v)[E], int lane, int lane
             v[j] = upper ? f_sub(other, v[j]) : f_add(v[j], other);
         }
     }
-#pragma unroll
-    for (int h = 4; h < E; h <<= 1) {
-#pragma unroll
-        for (int j = 0; j < E; ++j) {
-            if (j & h) continue;
-            const float a = v[j], b = v[j + h];
-            v[j] = f_add(a, b);
-            v[j + h] = f_sub(a, b);
-        }
-    }
+    butterflies_in_lane<E, 4, E>(v);
 }
 
 // quant.py's rotate: v = H (d * v).

@@ -13,7 +13,7 @@ builds the Communicator over ``model.process_group`` itself, or refuses a given 
 over another group before registering anything.
 
 Several models may share one Communicator (``apply(g, comm)``, ``apply(d, comm)``):
-each keeps its own error feedback (integrations/buckets.py), bit for bit what one
+each keeps its own error feedback (execution/buckets.py), bit for bit what one
 Communicator per model gives.
 """
 

@@ -28,16 +28,22 @@ import torch.distributed as dist
 
 from ringreduce.config import Config, internal_settings
 from ringreduce.engine_calls import Calls
-from ringreduce.execution import collectives, compressed, compressed_scatter, probe, quant
+from ringreduce.execution import (
+    collectives,
+    compressed,
+    compressed_scatter,
+    probe,
+    quant,
+    saved_state,
+)
+from ringreduce.execution.buckets import BucketKeys, Names
 from ringreduce.execution.build import build_resources, device_of, group_store, host_of
 from ringreduce.execution.context import CallContext
 from ringreduce.execution.describe import describe, flat_note
 from ringreduce.execution.feedback import FLOATS, Feedback, Spec, call_wire
 from ringreduce.execution.issue import Issuer, untracked
+from ringreduce.execution.regroup import Regroup
 from ringreduce.execution.resources import Resources
-from ringreduce.integrations import resume
-from ringreduce.integrations.buckets import BucketKeys, Names
-from ringreduce.integrations.regroup import Regroup
 from ringreduce.plan import slicing
 from ringreduce.safety import agreement, checks
 from ringreduce.safety.flight import Record
@@ -126,10 +132,10 @@ class Communicator(Calls):
         native = self._res.native  # its programs point into the feedback memory let go
         self._feedback = Feedback(None if native is None else native.forget_feedback)
         self._buckets = BucketKeys(self.reset_feedback)
-        """The DDP buckets' feedback keys, per model (integrations/buckets.py)."""
+        """The DDP buckets' feedback keys, per model (execution/buckets.py)."""
         self._regroup = Regroup(self._buckets, self._hook_average)
         self._names = Names()
-        """FSDP hooks' feedback keys (integrations/buckets.py)."""
+        """FSDP hooks' feedback keys (execution/buckets.py)."""
         self._op_number = 0
         self._closed = False
         self._calls = threading.RLock()
@@ -219,9 +225,9 @@ class Communicator(Calls):
         """DDP's hook (integrations/hook.py): an asynchronous average of a bucket.
 
         ``bucket``: DDP's; with an 8- or 4-bit wire and ``Config.hook_feedback`` it keeps
-        error feedback under its model's key for it (integrations/buckets.py), so models
+        error feedback under its model's key for it (execution/buckets.py), so models
         sharing this Communicator keep theirs apart; after ``load_state_dict``, in the
-        saved layouts until DDP forms them (integrations/regroup.py)."""
+        saved layouts until DDP forms them (execution/regroup.py)."""
         if bucket is None or not (self.config.hook_feedback and
                                   self.config.wire in quant.FORMATS and t.dtype in FLOATS):
             return self._hook_average(t, None)
@@ -254,7 +260,7 @@ class Communicator(Calls):
         return fut
 
     def _feedback_name(self, kind: str) -> str:
-        """A stable feedback key for an FSDP hook (integrations/buckets.Names)."""
+        """A stable feedback key for an FSDP hook (execution/buckets.Names)."""
         with self._calls:
             return self._names.claim(kind)
 
@@ -271,8 +277,8 @@ class Communicator(Calls):
             self._usable()
             if not self._res.is_cuda:
                 self._issuer.wait_cpu()
-            return {resume.rank_key(self._res.topo.rank): {
-                **resume.identity(self._res.topo, self.config),
+            return {saved_state.rank_key(self._res.topo.rank): {
+                **saved_state.identity(self._res.topo, self.config),
                 "feedback": self._feedback.state_dict(), "ddp": self._buckets.state()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -284,7 +290,7 @@ class Communicator(Calls):
         first backward, before any communication of it."""
         with self._calls:
             self._usable()
-            state = resume.check(state, self._res.topo, self.config)
+            state = saved_state.check(state, self._res.topo, self.config)
             if not self._res.is_cuda:
                 self._issuer.wait_cpu()
             self._feedback.reset()

@@ -167,7 +167,7 @@ class RingReduceScatter(_ReduceScatterBase):
         """This module's error-feedback key in each Communicator it reduces through,
         named at its first quantized call there: the n-th such hook of that
         Communicator, the same in every process, so a saved state finds it again
-        (``Communicator.state_dict``; integrations/buckets.Names)."""
+        (``Communicator.state_dict``; execution/buckets.Names)."""
         self.replicate: ReplicaAllReduce | None = None
         """This module's replicate all-reduce, when ``apply`` routes it (custom HSDP)."""
 

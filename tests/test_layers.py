@@ -24,7 +24,7 @@ LAYERS = [
     {"safety"},
     {"execution"},
     {"engine", "engine_calls"},
-    {"integrations", "fsdp"},
+    {"integrations", "fsdp", "ddp"},
     {"benchmark", "bench", "model", "info", "__main__", ""},
 ]
 """Bottom first. A module may import from its own layer's groups and from lower layers;

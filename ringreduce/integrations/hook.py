@@ -25,7 +25,7 @@ def ddp_hook(state: Communicator, bucket: dist.GradBucket) -> torch.futures.Futu
     NCCL's, and fp32 is divided after the sum, not before.
 
     With an 8- or 4-bit wire (``Communicator(wire="int8")``) each bucket keeps error
-    feedback under a key of its model's parameters (integrations/buckets.py): models
+    feedback under a key of its model's parameters (execution/buckets.py): models
     sharing one Communicator keep theirs apart, a bucket DDP rebuilds after the first
     step starts over, and ``comm.state_dict()`` carries it to a resumed run
     (``Config.hook_feedback``; ``comm.reset_feedback()``).

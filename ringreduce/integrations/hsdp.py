@@ -37,7 +37,7 @@ class ReplicaAllReduce:
         self.comm, self.wire, self._module = comm, wire, module
         self._key: str | None = None
         """This module's feedback key in ``comm``, named at its first quantized call: the
-        n-th such hook there, the same in every process (integrations/buckets.Names)."""
+        n-th such hook there, the same in every process (execution/buckets.Names)."""
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
         """Unpipelined meaning: reduce_output = op(reduce_output of every replica),

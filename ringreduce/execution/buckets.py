@@ -57,7 +57,7 @@ class BucketKeys:
         """Ordinal -> the live key whose bucket holds it."""
         self.pending: dict[str, tuple[int, ...]] = {}
         """Loaded layouts DDP has not (yet) formed in this process: their buckets are
-        regrouped into them (integrations/regroup.py)."""
+        regrouped into them (execution/regroup.py)."""
         self._drop = drop
         self._seen: dict[tuple[int, ...], tuple[tuple[int, ...], list[weakref.ref[Any]]]] = {}
         """Buckets seen: their parameters' ids -> (ordinals, weak references to them)."""

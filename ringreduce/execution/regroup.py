@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ringreduce.integrations.buckets import BucketKeys
+from ringreduce.execution.buckets import BucketKeys
 
 Average = Callable[[torch.Tensor, str], torch.futures.Future[torch.Tensor]]
 """The hook's average of a flat tensor under a feedback key (Communicator)."""

@@ -151,6 +151,13 @@ def test_dlrm_command_line_runs() -> None:
     finals = [runs[0]["final_loss"], runs[5]["final_loss"]]
     assert spread["seeds"] == [0, 1] and spread["final_loss"] == finals, spread
     assert spread["final_loss_spread"] == pytest.approx(abs(finals[0] - finals[1])), spread
+    # last_loss: the mean of the last (here all 8) steps; validation: held-out batches,
+    # the same for every run, so two runs from one start but other all-reduces differ
+    for r in runs:
+        assert r["last_loss"] == pytest.approx(sum(r["losses"]) / len(r["losses"])), r
+        assert 0 < r["validation"] < r["losses"][0], r
+    assert spread["validation"] == [runs[0]["validation"], runs[5]["validation"]], spread
+    assert "# hook-int8: last 100 " in done.stdout and "; validation " in done.stdout, done.stdout
     assert 0 < report["meta"]["floor"] < report["meta"]["target_loss"] < runs[0]["losses"][0]
 
 

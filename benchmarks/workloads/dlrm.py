@@ -19,9 +19,9 @@ Samples are DLRM samples or transformer sequences (``--seq`` tokens each).
 Modes (``--modes``, run one after another in one process lifetime):
   nccl     plain DDP on the process group's own backend (NCCL; gloo with --device cpu)
   hook     DDP + ``register_comm_hook(ringreduce.Communicator(...), ringreduce.ddp_hook)``
-           (the wire from RINGREDUCE_WIRE; ``hook-int8``, ``hook-fp8``, ``hook-int4``,
-           ``hook-bf16``, run when asked for: that wire, so formats compare in one
-           process set)
+           (the wire from RINGREDUCE_WIRE; ``hook-<wire>`` for every wire: ``hook-int8``,
+           ``hook-int4``, ``hook-int4-plain``, ..., run when asked for: that wire, so
+           formats compare in one process set)
   backend  DDP on a process group of the "ringreduce" backend, no hook
 Run only when asked for, torch's own comm hooks on the NCCL (gloo) group, what a user
 already has:
@@ -45,7 +45,9 @@ engine takes no arguments, so ``--machines``/``--min-bytes`` reach it as
 RINGREDUCE_MACHINES/RINGREDUCE_MIN_BYTES (the hook's Communicator gets them directly).
 Learning: the data come from a fixed hidden teacher (dlrm_model.py, transformer_model.py),
 so the loss falls towards a known floor, the teacher's own loss on the same data. Each
-mode reports its final loss (the mean of the last ``FINAL_STEPS`` steps' losses) and the
+mode reports its final loss (the mean of the last ``FINAL_STEPS`` steps' losses), the mean
+of the last ``LAST_STEPS``, its loss on held-out batches (``VALID_STEPS`` batches from
+``VALID_SEED``, the same for every mode and seed) after training, and the
 step, and the seconds at its timed step rate, at which its loss first reaches
 ``--target-loss`` (default: a third (dlrm) or 0.8 (transformer) of the way from the
 first step's loss, the same in every mode, to the floor; workloads.py says why).
@@ -84,6 +86,12 @@ from .workloads import TARGET_FRACTION, Workload
 
 FINAL_STEPS = 5
 """The final loss is the mean over this many last steps: one batch's loss is noisy."""
+LAST_STEPS = 100
+"""``last_loss`` is the mean over this many last steps (issue 50's measure of a wire)."""
+VALID_STEPS = 20
+VALID_SEED = 1_000_003
+"""Held-out batches: drawn from this seed, the same for every mode and training seed, so
+validation losses of different seeds compare on the same data."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +111,8 @@ class ModeRun:
     target_loss: float = 0.0  # the run's one target, the same for every mode and seed
     steps_to_target: int | None = None  # first step whose loss <= target; None: never
     seconds_to_target: float | None = None  # those steps at the timed seconds per step
+    last_loss: float = 0.0  # mean of the last LAST_STEPS losses
+    validation: float = 0.0  # mean loss on the held-out batches after training, over ranks
 
 
 def synchronized(device: torch.device, group: dist.ProcessGroup) -> float:
@@ -115,8 +125,14 @@ def synchronized(device: torch.device, group: dist.ProcessGroup) -> float:
     return time.perf_counter()
 
 
+def evaluate(work: Workload, model: torch.nn.Module, batches: list[Any]) -> torch.Tensor:
+    """The mean loss of ``model`` over ``batches``, without gradients (on the device)."""
+    with torch.no_grad():
+        return torch.stack([work.loss(model, batch) for batch in batches]).mean()
+
+
 def train_mode(mode: str, opts: Options, seed: int, work: Workload, batches: list[Any],
-               groups: Groups, device: torch.device) -> ModeRun:
+               groups: Groups, device: torch.device, held_out: list[Any]) -> ModeRun:
     """Train a fresh model from ``seed`` for ``len(batches)`` steps with one mode's
     all-reduce."""
     cuda = device.type == "cuda"
@@ -140,6 +156,7 @@ def train_mode(mode: str, opts: Options, seed: int, work: Workload, batches: lis
             if opts.read_loss:
                 losses[step].item()  # the host waits for this step (--read-loss)
         seconds = torch.tensor([synchronized(device, groups.plain) - start], device=device)
+        validation = evaluate(work, ddp.module, held_out).reshape(1)
         calls, timed_calls, described = (
             (comm.op_number - calls_before, comm.op_number - calls_timed, comm.describe())
             if comm else (0, 0, ""))
@@ -149,10 +166,13 @@ def train_mode(mode: str, opts: Options, seed: int, work: Workload, batches: lis
     world = dist.get_world_size(groups.plain)
     dist.all_reduce(losses, group=groups.plain)  # SUM, then divide: gloo has no AVG
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=groups.plain)
+    dist.all_reduce(validation, group=groups.plain)
     timed, sec, mean = opts.steps - opts.warmup, float(seconds.item()), (losses / world).tolist()
     return ModeRun(mode, mean, timed, sec, timed * opts.batch * world / sec, calls,
                    timed_calls, described, tuple(clock.times_us), seed=seed,
-                   final_loss=sum(mean[-FINAL_STEPS:]) / len(mean[-FINAL_STEPS:]))
+                   final_loss=sum(mean[-FINAL_STEPS:]) / len(mean[-FINAL_STEPS:]),
+                   last_loss=sum(mean[-LAST_STEPS:]) / len(mean[-LAST_STEPS:]),
+                   validation=float(validation.item()) / world)
 
 
 def run_modes(opts: Options, device: torch.device) -> list[ModeRun]:
@@ -163,6 +183,7 @@ def run_modes(opts: Options, device: torch.device) -> list[ModeRun]:
     if refusal:
         raise ValueError(refusal)
     runs = []
+    held_out = work.batches(VALID_STEPS, opts.batch, VALID_SEED, dist.get_rank(), device)
     for seed, modes in seed_plan(opts):
         began = time.perf_counter()
         batches = work.batches(opts.steps, opts.batch, seed, dist.get_rank(), device)
@@ -170,7 +191,7 @@ def run_modes(opts: Options, device: torch.device) -> list[ModeRun]:
         phase(f"seed {seed}: batches and floor in {time.perf_counter() - began:.1f} s")
         for mode in modes:
             began = time.perf_counter()
-            run = train_mode(mode, opts, seed, work, batches, groups, device)
+            run = train_mode(mode, opts, seed, work, batches, groups, device, held_out)
             runs.append(dataclasses.replace(run, floor=floor))
             phase(f"seed {seed} {mode}: {time.perf_counter() - began:.1f} s in all, "
                   f"{run.seconds:.1f} s timed")

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from ringreduce.benchmark.launch import Launch, detect, nccl_variables, run_ranks
 
 from . import dlrm
-from .dlrm import FINAL_STEPS, ModeRun, run_modes
+from .dlrm import FINAL_STEPS, LAST_STEPS, ModeRun, run_modes
 from .dlrm_model import Spec
 from .dlrm_modes import EXTRA_MODES, MODES, Options
 from .transformer_model import TransformerSpec
@@ -53,9 +53,9 @@ def table(runs: list[ModeRun]) -> str:
     lines = [f"# loss floor {runs[0].floor:.4f} (the teacher's own loss on these batches); "
              f"target loss {runs[0].target_loss:.4f}; final loss: mean of the last "
              f"{FINAL_STEPS} steps",
-             f"{'mode':<9} {'steps':>5} {'samples/s':>11} {'vs nccl':>7} {'final loss':>10} "
+             f"{'mode':<13} {'steps':>5} {'samples/s':>11} {'vs nccl':>7} {'final loss':>10} "
              f"{'max|dloss| vs nccl':>18} {'target step':>11} {'s':>7} {'calls/step':>10} "
-             f"{'hook us med/mean':>16}"]
+             f"{'hook us med/mean':>16} {f'last {LAST_STEPS}':>9} {'valid':>8}"]
     for r in main:
         ratio = f"{r.samples_per_s / ref.samples_per_s:.2f}" if ref else "n/a"
         diff = f"{max(abs(a - b) for a, b in zip(r.losses, ref.losses, strict=True)):.3g}" \
@@ -65,16 +65,28 @@ def table(runs: list[ModeRun]) -> str:
                 if r.hook_us else "-")
         reached = ("-", "-") if r.steps_to_target is None else \
             (str(r.steps_to_target), f"{r.seconds_to_target:.3g}")
-        lines.append(f"{r.mode:<9} {r.timed_steps:>5} {r.samples_per_s:>11.1f} {ratio:>7} "
+        lines.append(f"{r.mode:<13} {r.timed_steps:>5} {r.samples_per_s:>11.1f} {ratio:>7} "
                      f"{r.final_loss:>10.6f} {diff:>18} {reached[0]:>11} {reached[1]:>7} "
-                     f"{calls:>10} {hook:>16}")
+                     f"{calls:>10} {hook:>16} {r.last_loss:>9.5f} {r.validation:>8.5f}")
     spread = seed_spread(runs)
     if spread:
         lines.append(f"# nccl over seeds {spread['seeds']}: final loss "
                      f"{spread['final_loss_mean']:.6f}, spread (max - min) "
                      f"{spread['final_loss_spread']:.3g}, stdev {spread['final_loss_stdev']:.3g}; "
                      f"target step {spread['steps_to_target']}")
+        lines += [against_spread(r, spread) for r in main if r.mode != "nccl"]
     return "\n".join(lines)
+
+
+def against_spread(run: ModeRun, spread: dict[str, Any]) -> str:
+    """Where ``run``'s last-steps and validation losses fall against nccl's range over
+    seeds: inside, or by how much above (below is not a loss)."""
+    def where(value: float, key: str) -> str:
+        low, high = min(spread[key]), max(spread[key])
+        verdict = "inside" if value <= high else f"above by {value - high:.2g}"
+        return f"{value:.5f} {verdict} [{low:.5f}, {high:.5f}]"
+    return (f"# {run.mode}: last {LAST_STEPS} {where(run.last_loss, 'last_loss')}; "
+            f"validation {where(run.validation, 'validation')}")
 
 
 def seed_spread(runs: list[ModeRun], mode: str = "nccl") -> dict[str, Any] | None:
@@ -88,7 +100,9 @@ def seed_spread(runs: list[ModeRun], mode: str = "nccl") -> dict[str, Any] | Non
             "final_loss_mean": statistics.fmean(final),
             "final_loss_spread": max(final) - min(final),
             "final_loss_stdev": statistics.stdev(final),
-            "steps_to_target": [r.steps_to_target for r in nccl]}
+            "steps_to_target": [r.steps_to_target for r in nccl],
+            "last_loss": [r.last_loss for r in nccl],
+            "validation": [r.validation for r in nccl]}
 
 
 def describe(opts: Options, launch: Launch, device: torch.device) -> str:

@@ -347,8 +347,8 @@ train)
     kill "$dumper" 2>/dev/null; wait "$dumper" 2>/dev/null
   done
   { for f in "$W"/train_*.log; do echo "== $(basename "$f" .log)"
-      grep -E "^# (seed|outputs|loss floor)|^mode |^[a-z0-9-]+ +[0-9]+ |spread|Thread|File" "$f" \
-        | head -40; done; } > "$W/summary_body.txt" ;;
+      grep -E "^# (seed|outputs|loss floor)|^mode |^[a-z0-9-]+ +[0-9]+ |spread|: last 100 |Thread|File" "$f" \
+        | head -50; done; } > "$W/summary_body.txt" ;;
 fsdp)
   # Estimated on the faithful capped 2x2: fsdp-nccl ~0.2 s a step (fsdp_modes.DEFAULT_SPEC
   # says why), so 60 steps of six modes plus two more seeds ~100 s and start-up; the tree

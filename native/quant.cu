@@ -79,7 +79,7 @@ __device__ __forceinline__ void quantize_block(const float (&v)[E], bool active,
 
 // This warp's group's slice of the rotation tile.
 template <int E, int L>
-__device__ __forceinline__ float* group_tile(float4* tile) {
+__device__ __forceinline__ float* group_tile(Pack<float, 4>* tile) {
     return reinterpret_cast<float*>(tile) + (threadIdx.x >> 5) * rot_tile_floats<E, L>() +
            ((threadIdx.x & 31) / L) * rr_pad(E * L);
 }
@@ -100,7 +100,7 @@ rr_quantize(const T* __restrict__ x, float* __restrict__ residual,
     const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * groups;
     if constexpr (FMT == 3) gauss4_table_init();
-    __shared__ float4 tile[ROT ? RR_QUANT_THREADS / 32 * rot_tile_floats<E, L>() / 4 : 1];
+    __shared__ Pack<float, 4> tile[ROT ? RR_QUANT_THREADS / 32 * rot_tile_floats<E, L>() / 4 : 1];
     float d[E];
     if constexpr (ROT) rotation_signs<E, L>(lane, false, d);
     for (long long first = warp * groups; first < nblocks; first += step) {
@@ -202,7 +202,7 @@ rr_dequantize(const unsigned char* __restrict__ packed, T* __restrict__ out,
     const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * groups;
     if constexpr (FMT == 3) gauss4_table_init();
-    __shared__ float4 tile[ROT ? RR_QUANT_THREADS / 32 * rot_tile_floats<E, L>() / 4 : 1];
+    __shared__ Pack<float, 4> tile[ROT ? RR_QUANT_THREADS / 32 * rot_tile_floats<E, L>() / 4 : 1];
     float d[E];
     if constexpr (ROT) rotation_signs<E, L>(lane, true, d);
     for (long long first = warp * groups; first < nblocks; first += step) {

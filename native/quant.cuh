@@ -335,16 +335,22 @@ template <int E, int L>
 __device__ __forceinline__ void tile_store_c(float* tile, int lane, const float (&v)[E]) {
 #pragma unroll
     for (int c = 0; c < E / 4; ++c)
-        *reinterpret_cast<float4*>(tile + rr_pad((c * L + lane) * 4)) =
-            make_float4(v[c * 4], v[c * 4 + 1], v[c * 4 + 2], v[c * 4 + 3]);
+    {
+        Pack<float, 4> f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f.v[e] = v[c * 4 + e];
+        *reinterpret_cast<Pack<float, 4>*>(tile + rr_pad((c * L + lane) * 4)) = f;
+    }
 }
 
 template <int E, int L>
 __device__ __forceinline__ void tile_load_c(const float* tile, int lane, float (&v)[E]) {
 #pragma unroll
     for (int c = 0; c < E / 4; ++c) {
-        const float4 f = *reinterpret_cast<const float4*>(tile + rr_pad((c * L + lane) * 4));
-        v[c * 4] = f.x; v[c * 4 + 1] = f.y; v[c * 4 + 2] = f.z; v[c * 4 + 3] = f.w;
+        const Pack<float, 4> f =
+            *reinterpret_cast<const Pack<float, 4>*>(tile + rr_pad((c * L + lane) * 4));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[c * 4 + e] = f.v[e];
     }
 }
 

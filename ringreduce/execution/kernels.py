@@ -240,7 +240,8 @@ class Kernels:
         elems, lanes = _quant_shape(block)
         vec = _aligned(k, _CHUNK, (packed, 4), (out, _CHUNK * out.element_size()))
         self._launch("quant.cu", f"rr_dequantize<{_QUANT_TYPES[out.dtype]}, "
-                     f"{_QUANT[fmt.encoding]}, {elems}, {lanes}, {_bool(vec)}, {_bool(fmt.rotated)}>",
+                     f"{_QUANT[fmt.encoding]}, {elems}, {lanes}, {_bool(vec)}, "
+                     f"{_bool(fmt.rotated)}>",
                      rows * k, elems, 4,
                      (np.uint64(packed.data_ptr()), np.uint64(out.data_ptr()),
                       np.int64(rows * k // block), np.int64(k // block),

@@ -11,7 +11,8 @@
 // byte a value; int4 two, the even element in the low nibble). Rows are contiguous.
 //
 // Threads: a quantization block of B elements belongs to a group of L lanes of one warp
-// (L a power of two, 32 for B = 256), E = B / L elements a lane, kept in registers from
+// (L a power of two, 32 for B = 256; a template argument, so every shuffle loop
+// unrolls), E = B / L elements a lane, kept in registers from
 // the load to the store, so the block is read once. A lane holds E/4 chunks of 4
 // consecutive elements, chunk c at block offset (c*L + lane)*4: each load instruction of
 // a warp covers 32 consecutive chunks (512 contiguous bytes of fp32), and each payload
@@ -23,45 +24,64 @@
 //
 // Rotated formats (ROT): rr_quantize rotates each block in registers before adding the
 // residual, rr_dequantize rotates it back before AVG's division (quant.cuh's
-// rotate_block, rotate_block_back); rr_reduce_requantize works in the rotated domain
-// and does not rotate.
+// rotate_block, rotate_block_back; each warp's blocks pass through its own slice of a
+// shared-memory tile, RR_QUANT_THREADS threads a thread block); rr_reduce_requantize
+// works in the rotated domain and does not rotate.
 //
 // The formats, the arithmetic mirrored from quant.py and the memory helpers are in
 // quant.cuh, compiled before this file (after numeric.cuh) by
 // ringreduce/execution/kernels.py.
 
 // The group's quantization of its block: v (this lane's E values) -> codes and scale in
-// `row`, and, when `residual` is set, residual[chunk] = v - x' (0 where not finite).
-template <int FMT, int E, bool VEC>
+// `row`, and, when `residual` is set, residual[chunk] = v - x' (0 where not finite). The
+// codes first, then (feedback only) the values they stand for: without feedback no
+// value is decoded.
+template <int FMT, int E, int L, bool VEC>
 __device__ __forceinline__ void quantize_block(const float (&v)[E], bool active, int lane,
-                                               int lanes, PackedRow row, long long b,
-                                               float inv_qmax, float* residual) {
-    constexpr int bits = QuantWire<FMT>::bits;
-    const int block = E * lanes;
+                                               PackedRow row, long long b, float inv_qmax,
+                                               float* residual) {
+    constexpr int bits = QuantWire<FMT>::bits, block = E * L;
     float maxabs = 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) maxabs = nan_max(maxabs, f_abs(v[e]));
-    for (int o = lanes / 2; o > 0; o >>= 1)
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1)
         maxabs = nan_max(maxabs, __shfl_xor_sync(0xffffffffu, maxabs, o));
     if (!active) return;
     const float scale = f_mul(maxabs, inv_qmax);
     const bool usable = usable_scale(scale);
     if (lane == 0) store_scale<VEC>(row.scale(b), scale);
+    unsigned codes[E / 4];
 #pragma unroll
     for (int c = 0; c < E / 4; ++c) {
-        const int i = (c * lanes + lane) * 4;
-        unsigned codes = 0;
+        codes[c] = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            codes[c] |= encode<FMT>(v[c * 4 + e], scale, usable) << (bits * e);
+        store_codes<FMT, VEC>(row.payload(b, block, (c * L + lane) * 4, bits), codes[c]);
+    }
+    if (residual == nullptr) return;
+#pragma unroll
+    for (int c = 0; c < E / 4; ++c) {
         float err[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            float value;
-            codes |= encode<FMT>(v[c * 4 + e], scale, usable, &value) << (bits * e);
-            const float r = f_sub(v[c * 4 + e], f_mul(value, scale));
+            const float r = f_sub(v[c * 4 + e], f_mul(code_at<FMT>(codes[c], e), scale));
             err[e] = finite(r) ? r : 0.0f;
         }
-        store_codes<FMT, VEC>(row.payload(b, block, i, bits), codes);
-        if (residual != nullptr) store4<float, VEC>(residual + i, err);
+        store4<float, VEC>(residual + (c * L + lane) * 4, err);
     }
+}
+
+// Threads a thread block of these kernels: kernels.py's THREADS (the rotated kernels'
+// shared-memory tile holds RR_QUANT_THREADS / 32 warps' blocks).
+#define RR_QUANT_THREADS 256
+
+// This warp's group's slice of the rotation tile.
+template <int E, int L>
+__device__ __forceinline__ float* group_tile(Pack<float, 4>* tile) {
+    return reinterpret_cast<float*>(tile) + (threadIdx.x >> 5) * rot_tile_floats<E, L>() +
+           ((threadIdx.x & 31) / L) * rr_pad(E * L);
 }
 
 // Unpipelined meaning (quant.quantize, with compressed.py's error feedback):
@@ -69,24 +89,27 @@ __device__ __forceinline__ void quantize_block(const float (&v)[E], bool active,
 // R: quant.rotate when ROT (rotate_block, quant.cuh), else nothing.
 // x: nblocks * B values of T (rows of k back to back); residual: fp32 alike, or null;
 // packed: the rows, per_row = k / B blocks each.
-template <typename T, int FMT, int E, bool VEC, bool ROT>
-__global__ void rr_quantize(const T* __restrict__ x, float* __restrict__ residual,
+template <typename T, int FMT, int E, int L, bool VEC, bool ROT>
+__global__ void __launch_bounds__(RR_QUANT_THREADS)
+rr_quantize(const T* __restrict__ x, float* __restrict__ residual,
                             unsigned char* __restrict__ packed, long long nblocks,
-                            long long per_row, int lanes, float inv_qmax) {
+                            long long per_row, float inv_qmax) {
     constexpr int bits = QuantWire<FMT>::bits;
-    const int block = E * lanes, lane = threadIdx.x & (lanes - 1);
-    const int groups = 32 / lanes, group = (threadIdx.x & 31) / lanes;
+    constexpr int block = E * L, groups = 32 / L;
+    const int lane = threadIdx.x & (L - 1), group = (threadIdx.x & 31) / L;
     const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * groups;
+    if constexpr (FMT == 3) gauss4_table_init();
+    __shared__ Pack<float, 4> tile[ROT ? RR_QUANT_THREADS / 32 * rot_tile_floats<E, L>() / 4 : 1];
     float d[E];
-    if constexpr (ROT) rotation_signs<E>(lane, lanes, log2_of(block) / 2, d);
+    if constexpr (ROT) rotation_signs<E, L>(lane, false, d);
     for (long long first = warp * groups; first < nblocks; first += step) {
         const long long g = first + group;
         const bool active = g < nblocks;
         float v[E], r[E];
 #pragma unroll
         for (int c = 0; c < E / 4; ++c) {
-            const long long at = g * block + (c * lanes + lane) * 4;
+            const long long at = g * block + (c * L + lane) * 4;
 #pragma unroll
             for (int e = 0; e < 4; ++e) v[c * 4 + e] = r[c * 4 + e] = 0.0f;
             if (active) {
@@ -94,15 +117,15 @@ __global__ void rr_quantize(const T* __restrict__ x, float* __restrict__ residua
                 if (residual != nullptr) load4<float, VEC>(residual + at, &r[c * 4]);
             }
         }
-        if constexpr (ROT) rotate_block<E>(v, d, lane, lanes);  // every lane: shuffles
+        if constexpr (ROT) rotate_block<E, L>(v, d, lane, group_tile<E, L>(tile));  // every lane
         if (residual != nullptr) {
 #pragma unroll
             for (int e = 0; e < E; ++e) v[e] = f_add(v[e], r[e]);
         }
         const long long row_index = active ? g / per_row : 0;
         const PackedRow row{packed + row_index * row_bytes(per_row, block, bits), per_row};
-        quantize_block<FMT, E, VEC>(v, active, lane, lanes, row, g - row_index * per_row,
-                                    inv_qmax, residual == nullptr ? nullptr : residual + g * block);
+        quantize_block<FMT, E, L, VEC>(v, active, lane, row, g - row_index * per_row, inv_qmax,
+                                       residual == nullptr ? nullptr : residual + g * block);
     }
 }
 
@@ -112,18 +135,20 @@ __global__ void rr_quantize(const T* __restrict__ x, float* __restrict__ residua
 // got: M packed rows of k values (per_row = k / B blocks), row own_index read from
 // `own` instead (this machine's own partial, never copied into got); residual: k fp32
 // values or null; sent: one packed row.
-template <int FMT, int E, bool VEC>
-__global__ void rr_reduce_requantize(const unsigned char* __restrict__ got,
+template <int FMT, int E, int L, bool VEC>
+__global__ void __launch_bounds__(RR_QUANT_THREADS)
+rr_reduce_requantize(const unsigned char* __restrict__ got,
                                      const unsigned char* __restrict__ own, int own_index,
                                      int nrows, float* __restrict__ residual,
                                      unsigned char* __restrict__ sent, long long per_row,
-                                     int lanes, float inv_qmax) {
+                                     float inv_qmax) {
     constexpr int bits = QuantWire<FMT>::bits;
-    const int block = E * lanes, lane = threadIdx.x & (lanes - 1);
-    const int groups = 32 / lanes, group = (threadIdx.x & 31) / lanes;
+    constexpr int block = E * L, groups = 32 / L;
+    const int lane = threadIdx.x & (L - 1), group = (threadIdx.x & 31) / L;
     const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * groups;
     const long long stride = row_bytes(per_row, block, bits);
+    if constexpr (FMT == 3) gauss4_table_init();
     for (long long first = warp * groups; first < per_row; first += step) {
         const long long g = first + group;
         const bool active = g < per_row;
@@ -138,7 +163,7 @@ __global__ void rr_reduce_requantize(const unsigned char* __restrict__ got,
 #pragma unroll
                 for (int c = 0; c < E / 4; ++c) {
                     const unsigned codes = load_codes<FMT, VEC>(
-                        src.payload(g, block, (c * lanes + lane) * 4, bits));
+                        src.payload(g, block, (c * L + lane) * 4, bits));
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const float x = f_mul(code_at<FMT>(codes, e), scale);
@@ -150,14 +175,14 @@ __global__ void rr_reduce_requantize(const unsigned char* __restrict__ got,
 #pragma unroll
                 for (int c = 0; c < E / 4; ++c) {
                     float r[4];
-                    load4<float, VEC>(residual + g * block + (c * lanes + lane) * 4, r);
+                    load4<float, VEC>(residual + g * block + (c * L + lane) * 4, r);
 #pragma unroll
                     for (int e = 0; e < 4; ++e) v[c * 4 + e] = f_add(v[c * 4 + e], r[e]);
                 }
             }
         }
-        quantize_block<FMT, E, VEC>(v, active, lane, lanes, PackedRow{sent, per_row}, g,
-                                    inv_qmax, residual == nullptr ? nullptr : residual + g * block);
+        quantize_block<FMT, E, L, VEC>(v, active, lane, PackedRow{sent, per_row}, g, inv_qmax,
+                                       residual == nullptr ? nullptr : residual + g * block);
     }
 }
 
@@ -167,16 +192,19 @@ __global__ void rr_reduce_requantize(const unsigned char* __restrict__ got,
 // packed: rows of per_row blocks; out: nblocks * B values of T. The loop's bound is
 // uniform over the warp (a group past the end computes on zeros and stores nothing), so
 // every lane reaches the rotation's shuffles.
-template <typename T, int FMT, int E, bool VEC, bool ROT>
-__global__ void rr_dequantize(const unsigned char* __restrict__ packed, T* __restrict__ out,
-                              long long nblocks, long long per_row, int lanes, float world) {
+template <typename T, int FMT, int E, int L, bool VEC, bool ROT>
+__global__ void __launch_bounds__(RR_QUANT_THREADS)
+rr_dequantize(const unsigned char* __restrict__ packed, T* __restrict__ out,
+                              long long nblocks, long long per_row, float world) {
     constexpr int bits = QuantWire<FMT>::bits;
-    const int block = E * lanes, lane = threadIdx.x & (lanes - 1);
-    const int groups = 32 / lanes, group = (threadIdx.x & 31) / lanes;
+    constexpr int block = E * L, groups = 32 / L;
+    const int lane = threadIdx.x & (L - 1), group = (threadIdx.x & 31) / L;
     const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * groups;
+    if constexpr (FMT == 3) gauss4_table_init();
+    __shared__ Pack<float, 4> tile[ROT ? RR_QUANT_THREADS / 32 * rot_tile_floats<E, L>() / 4 : 1];
     float d[E];
-    if constexpr (ROT) rotation_signs<E>(lane, lanes, log2_of(block) - log2_of(block) / 2, d);
+    if constexpr (ROT) rotation_signs<E, L>(lane, true, d);
     for (long long first = warp * groups; first < nblocks; first += step) {
         const long long g = first + group;
         const bool active = g < nblocks;
@@ -191,12 +219,12 @@ __global__ void rr_dequantize(const unsigned char* __restrict__ packed, T* __res
 #pragma unroll
             for (int c = 0; c < E / 4; ++c) {
                 const unsigned codes = load_codes<FMT, VEC>(
-                    row.payload(b, block, (c * lanes + lane) * 4, bits));
+                    row.payload(b, block, (c * L + lane) * 4, bits));
 #pragma unroll
                 for (int e = 0; e < 4; ++e) v[c * 4 + e] = f_mul(code_at<FMT>(codes, e), scale);
             }
         }
-        if constexpr (ROT) rotate_block_back<E>(v, d, lane, lanes);
+        if constexpr (ROT) rotate_block_back<E, L>(v, d, lane, group_tile<E, L>(tile));
         if (!active) continue;
 #pragma unroll
         for (int c = 0; c < E / 4; ++c) {
@@ -204,7 +232,7 @@ __global__ void rr_dequantize(const unsigned char* __restrict__ packed, T* __res
 #pragma unroll
                 for (int e = 0; e < 4; ++e) v[c * 4 + e] = f_div(v[c * 4 + e], world);
             }
-            store4<T, VEC>(out + g * block + (c * lanes + lane) * 4, &v[c * 4]);
+            store4<T, VEC>(out + g * block + (c * L + lane) * 4, &v[c * 4]);
         }
     }
 }

@@ -71,8 +71,7 @@ __device__ __forceinline__ bool usable_scale(float s) {
 // gauss4 (FMT 3, quant.py GAUSS4_LEVELS / GAUSS4_THRESHOLDS): a code -7..7 stands for
 // +-L[|code|] of the block's max-abs, L[j] = n_j / 1024; |y| above threshold j
 // (t_j / 2048) takes a level above j. Every constant is exact in fp32, and the compares
-// are exact: the torch ops' bucketize, bit for bit. Selects, not a table in memory, so
-// a warp's lanes never serialize on different entries.
+// are exact: the torch ops' bucketize, bit for bit.
 __device__ __forceinline__ float gauss4_level(int q) {
     const int m = q < 0 ? -q : q;
     float l = 0.0f;
@@ -86,12 +85,27 @@ __device__ __forceinline__ float gauss4_level(int q) {
     return q < 0 ? -l : l;
 }
 
-// The code of y (|y| <= 1, not nan): sign(y) * (thresholds below |y|).
+// The levels by 4-bit code (two's complement nibble, 8: gauss4_level(-8) = -0, never
+// written), in shared memory: one load a value instead of gauss4_level's 7 selects; the
+// 16 entries sit in 16 banks, so a warp's lanes read any mix of them in one pass.
+// Filled by gauss4_table_init at the start of every kernel that decodes gauss4.
+__shared__ float rr_gauss4_levels[16];
+
+__device__ __forceinline__ void gauss4_table_init() {
+    if (threadIdx.x < 16)
+        rr_gauss4_levels[threadIdx.x] = gauss4_level(static_cast<int>(threadIdx.x << 28) >> 28);
+    __syncthreads();
+}
+
+// The code of y (|y| <= 1, not nan): sign(y) * (thresholds below |y|), the count found
+// by a binary search over the 7 sorted thresholds (the same compares, 3 instead of 7).
 __device__ __forceinline__ int gauss4_code(float y) {
     const float a = f_abs(y);
-    const int m = (a > 98.0f / 2048.0f) + (a > 296.0f / 2048.0f) + (a > 503.0f / 2048.0f) +
-                  (a > 725.0f / 2048.0f) + (a > 973.0f / 2048.0f) + (a > 1268.0f / 2048.0f) +
-                  (a > 1653.0f / 2048.0f);
+    const bool p4 = a > 725.0f / 2048.0f;
+    const bool p2 = a > (p4 ? 1268.0f / 2048.0f : 296.0f / 2048.0f);
+    const float t = p4 ? (p2 ? 1653.0f / 2048.0f : 973.0f / 2048.0f)
+                       : (p2 ? 503.0f / 2048.0f : 98.0f / 2048.0f);
+    const int m = (p4 ? 4 : 0) + (p2 ? 2 : 0) + (a > t ? 1 : 0);
     return (__float_as_uint(y) >> 31) ? -m : m;
 }
 
@@ -127,32 +141,29 @@ __device__ __forceinline__ float e4m3_value(unsigned b) {
     return (b & 0x80u) ? -v : v;
 }
 
-// One element's code (a byte; int4 its low nibble) and the value it stands for.
+// One element's code (a byte; int4 its low nibble); decode(code) is the value it stands
+// for (only error feedback needs it, so it is computed apart).
 template <int FMT>
-__device__ __forceinline__ unsigned encode(float v, float scale, bool usable, float* value) {
+__device__ __forceinline__ unsigned encode(float v, float scale, bool usable) {
     constexpr float Q = QuantWire<FMT>::qmax;
     float y = usable ? f_div(v, scale) : v;
     y = (y != y) ? 0.0f : f_min(f_max(y, -Q), Q);
     if constexpr (FMT == 1) {
-        const unsigned b = e4m3_bits(y);
-        *value = e4m3_value(b);
-        return b;
+        return e4m3_bits(y);
     } else if constexpr (FMT == 3) {
-        const int q = gauss4_code(y);
-        *value = gauss4_level(q);
-        return static_cast<unsigned>(q) & 0xfu;
+        return static_cast<unsigned>(gauss4_code(y)) & 0xfu;
     } else {
         const int q = __float2int_rn(y);  // rint: ties to even, as torch.round
-        *value = static_cast<float>(q);
         return static_cast<unsigned>(q) & (FMT == 2 ? 0xfu : 0xffu);
     }
 }
 
+// The value of a code (its low byte; 4-bit formats their low nibble, the rest 0).
 template <int FMT>
 __device__ __forceinline__ float decode(unsigned code) {
     if constexpr (FMT == 1) return e4m3_value(code);
     else if constexpr (FMT == 2) return static_cast<float>(static_cast<int>(code << 28) >> 28);
-    else if constexpr (FMT == 3) return gauss4_level(static_cast<int>(code << 28) >> 28);
+    else if constexpr (FMT == 3) return rr_gauss4_levels[code];
     else return static_cast<float>(static_cast<signed char>(code));
 }
 
@@ -248,13 +259,19 @@ __device__ __forceinline__ void store4(T* p, const float* in) {
 }
 
 // The rotated formats' randomized Hadamard transform of one block (quant.py's rotate and
-// rotate_back, bit for bit). A group's block is spread over its lanes as everywhere here:
-// v[c * 4 + e] of lane `lane` is element i = (c * L + lane) * 4 + e, so i's bits 0-1 are
-// e, the next log2(L) the lane, the rest c. The butterfly passes run in quant.py's order,
-// h = 1, 2, 4, .., B/2: the first two inside a chunk, then log2(L) across lanes (an
-// xor-shuffle inside the group; the lane holding the pair's upper element takes
-// lower - upper), then the chunk bits, in registers. Each pass is one f_add or f_sub per
+// rotate_back, bit for bit). A group of L lanes holds the block in the layout of every
+// load and store here ("C"): v[c * 4 + e] of lane `lane` is element i = (c * L + lane) *
+// 4 + e, so i's bits 0-1 are e, the next log2(L) the lane, the rest c. The butterfly
+// passes run in quant.py's order, h = 1, 2, 4, .., B/2, each pass one f_add or f_sub per
 // element, rounded alone as torch's ops do: the same sums, the same order, the same bits.
+// A pass needs both elements of each pair in one lane's registers: the passes over i's
+// bits 0-1 run in C; then the group moves its block through shared memory into layouts
+// "P(w)" where a lane's E registers run over bits w .. w + log2(E) - 1 of i (the other
+// bits from the lane number, in order) and runs those passes there, until no pass is
+// left over a bit that C keeps in the lane number; back in C, the passes over c's bits.
+// B = 256 over 32 lanes: C (h = 1, 2), P(2) (h = 4, 8, 16), P(5) (h = 32, 64, 128), C.
+// A move is one store and one load a value (16-byte ones in C), no arithmetic, where
+// exchanging through shuffles cost a shuffle, both sums and a select a value a pass.
 
 // quant.py's sign_hash: lowbias32 of lowbias32(SIGN_SEED ^ B) + i.
 __device__ __forceinline__ unsigned lowbias32(unsigned x) {
@@ -266,23 +283,28 @@ __device__ __forceinline__ unsigned lowbias32(unsigned x) {
 }
 #define RR_SIGN_SEED 0x52494E47u
 
-// This lane's E multipliers (loop-invariant: every block's positions are the same):
+// log2 of a power of two, at compile time.
+__host__ __device__ constexpr int rr_log2(int n) { return n <= 1 ? 0 : 1 + rr_log2(n / 2); }
+
+// This lane's E multipliers in C (loop-invariant: every block's positions are the same):
 // s_i 2^-shift, s_i = -1 where the top bit of the hash of i is set (quant.py's signs:
 // shift = log2(B) / 2 forward, log2(B) - that back).
-template <int E>
-__device__ __forceinline__ void rotation_signs(int lane, int lanes, int shift, float (&d)[E]) {
-    const int block = E * lanes;
+template <int E, int L>
+__device__ __forceinline__ void rotation_signs(int lane, bool back, float (&d)[E]) {
+    constexpr int block = E * L, log = rr_log2(block);
+    const int shift = back ? log - log / 2 : log / 2;
     const unsigned base = lowbias32(RR_SIGN_SEED ^ static_cast<unsigned>(block));
     const float power = __uint_as_float(static_cast<unsigned>(127 - shift) << 23);
 #pragma unroll
     for (int j = 0; j < E; ++j) {
-        const unsigned i = static_cast<unsigned>(((j / 4) * lanes + lane) * 4 + j % 4);
+        const unsigned i = static_cast<unsigned>(((j / 4) * L + lane) * 4 + j % 4);
         d[j] = (lowbias32(base + i) >> 31) ? -power : power;
     }
 }
 
-// The butterfly passes of strides FIRST, 2 FIRST, ... below LAST over a lane's own values
-// (template bounds: every index known at compile time, so v stays in registers).
+// The butterfly passes of register strides FIRST, 2 FIRST, ... below LAST over a lane's
+// own values (template bounds: every index known at compile time, so v stays in
+// registers).
 template <int E, int FIRST, int LAST>
 __device__ __forceinline__ void butterflies_in_lane(float (&v)[E]) {
 #pragma unroll
@@ -297,39 +319,112 @@ __device__ __forceinline__ void butterflies_in_lane(float (&v)[E]) {
     }
 }
 
-// v = H v over the group's block (unnormalized, quant.py's _walsh_hadamard): the passes
-// inside a lane's chunk of 4, then those across lanes, then those across its chunks.
-template <int E>
-__device__ __forceinline__ void walsh_hadamard(float (&v)[E], int lane, int lanes) {
-    butterflies_in_lane<E, 1, 4>(v);
-    for (int s = 1; s < lanes; s <<= 1) {
-        const bool upper = lane & s;
+// Shared-memory word of element i of a group's block: 4 words of padding after every
+// 32, so that a warp's 32 lanes reading one register of a P layout hit 32 banks (B =
+// 256: the lane bits of P(2) are i's bits 0-1 and 5-7, of P(5) bits 0-4), while C's
+// 16-byte chunks stay 16-byte aligned. Additive over disjoint bits (pad(a | b) =
+// pad(a) + pad(b)), so a lane's addresses are a base plus compile-time offsets.
+__host__ __device__ constexpr int rr_pad(int i) { return i + 4 * (i >> 5); }
+
+// Floats of shared memory a warp's groups use (32 / L blocks of E * L values each).
+template <int E, int L>
+__host__ __device__ constexpr int rot_tile_floats() { return (32 / L) * rr_pad(E * L); }
+
+// C <-> shared memory: chunk c at word pad((c * L + lane) * 4), 16 bytes.
+template <int E, int L>
+__device__ __forceinline__ void tile_store_c(float* tile, int lane, const float (&v)[E]) {
 #pragma unroll
-        for (int j = 0; j < E; ++j) {
-            const float other = __shfl_xor_sync(0xffffffffu, v[j], s);
-            v[j] = upper ? f_sub(other, v[j]) : f_add(v[j], other);
-        }
+    for (int c = 0; c < E / 4; ++c)
+    {
+        Pack<float, 4> f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f.v[e] = v[c * 4 + e];
+        *reinterpret_cast<Pack<float, 4>*>(tile + rr_pad((c * L + lane) * 4)) = f;
     }
-    butterflies_in_lane<E, 4, E>(v);
+}
+
+template <int E, int L>
+__device__ __forceinline__ void tile_load_c(const float* tile, int lane, float (&v)[E]) {
+#pragma unroll
+    for (int c = 0; c < E / 4; ++c) {
+        const Pack<float, 4> f =
+            *reinterpret_cast<const Pack<float, 4>*>(tile + rr_pad((c * L + lane) * 4));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[c * 4 + e] = f.v[e];
+    }
+}
+
+// P(W): register t is element (lane's low W bits) | t << W | (lane's other bits) above.
+template <int E, int W>
+__device__ __forceinline__ int p_base(int lane) {
+    constexpr int lE = rr_log2(E);
+    return rr_pad((lane & ((1 << W) - 1)) | ((lane >> W) << (W + lE)));
+}
+
+// The passes over i's bits LO .. until none is left among C's lane bits (2 .. 2 +
+// log2(L) - 1), each window of log2(E) bits in its P layout; returns through NEXT the
+// first bit left for C (template recursion: every window known at compile time).
+template <int E, int L, int LO>
+__device__ __forceinline__ void passes_across_lanes(float (&v)[E], float* tile, int lane) {
+    constexpr int lE = rr_log2(E), lL = rr_log2(L), nb = lE + lL;
+    if constexpr (LO < 2 + lL) {
+        constexpr int W = LO < nb - lE ? LO : nb - lE;  // the window holds bit LO
+        const int base = p_base<E, W>(lane);
+#pragma unroll
+        for (int t = 0; t < E; ++t) v[t] = tile[base + rr_pad(t << W)];
+        butterflies_in_lane<E, 1 << (LO - W), E>(v);  // bits LO .. W + lE - 1
+#pragma unroll
+        for (int t = 0; t < E; ++t) tile[base + rr_pad(t << W)] = v[t];
+        __syncwarp();
+        passes_across_lanes<E, L, W + lE>(v, tile, lane);
+    }
+}
+
+// The first bit C still has to pass after passes_across_lanes<E, L, 2>.
+template <int E, int L, int LO = 2>
+__host__ __device__ constexpr int first_c_bit() {
+    constexpr int lE = rr_log2(E), lL = rr_log2(L), nb = lE + lL;
+    if constexpr (LO < 2 + lL) {
+        constexpr int W = LO < nb - lE ? LO : nb - lE;
+        return first_c_bit<E, L, W + lE>();
+    } else {
+        return LO;
+    }
+}
+
+// v = H v over the group's block (unnormalized, quant.py's _walsh_hadamard). `tile`: the
+// group's rr_pad(E * L) floats of shared memory; every lane of the warp calls this
+// (__syncwarp).
+template <int E, int L>
+__device__ __forceinline__ void walsh_hadamard(float (&v)[E], int lane, float* tile) {
+    constexpr int lL = rr_log2(L);
+    butterflies_in_lane<E, 1, 4>(v);
+    if constexpr (L > 1) {
+        __syncwarp();  // the previous block's loads from the tile are done
+        tile_store_c<E, L>(tile, lane, v);
+        __syncwarp();
+        passes_across_lanes<E, L, 2>(v, tile, lane);
+        tile_load_c<E, L>(tile, lane, v);
+    }
+    // C's register j holds bit b >= 2 + log2(L) of i at bit b - log2(L) of j.
+    constexpr int first = first_c_bit<E, L>();
+    butterflies_in_lane<E, (1 << (first - lL)), E>(v);
 }
 
 // quant.py's rotate: v = H (d * v).
-template <int E>
+template <int E, int L>
 __device__ __forceinline__ void rotate_block(float (&v)[E], const float (&d)[E], int lane,
-                                             int lanes) {
+                                             float* tile) {
 #pragma unroll
     for (int j = 0; j < E; ++j) v[j] = f_mul(v[j], d[j]);
-    walsh_hadamard<E>(v, lane, lanes);
+    walsh_hadamard<E, L>(v, lane, tile);
 }
 
 // quant.py's rotate_back: v = d * (H v) + 0 (the add turns -0 into +0 and nothing else).
-template <int E>
+template <int E, int L>
 __device__ __forceinline__ void rotate_block_back(float (&v)[E], const float (&d)[E], int lane,
-                                                  int lanes) {
-    walsh_hadamard<E>(v, lane, lanes);
+                                                  float* tile) {
+    walsh_hadamard<E, L>(v, lane, tile);
 #pragma unroll
     for (int j = 0; j < E; ++j) v[j] = f_add(f_mul(v[j], d[j]), 0.0f);
 }
-
-// log2 of a power of two.
-__device__ __forceinline__ int log2_of(int block) { return 31 - __clz(block); }

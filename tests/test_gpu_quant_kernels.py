@@ -1,7 +1,8 @@
 """native/quant.cu against quant.py's torch ops on CUDA, bit for bit: quantize (with and
 without error feedback), the add's dequantize + fp32 sum + requantize, and the final
 dequantize (with AVG and the cast), for every format, float32/float16/bfloat16, blocks
-of 256 and 24 (two lanes of 12 values), unaligned rows, and blocks of zeros, -0.0,
+of 256 and 24 (two lanes of 12 values), 64, 128 and 8 (every shared-memory layout of the
+rotation), unaligned rows, and blocks of zeros, -0.0,
 inf, nan, ties, huge and subnormal values. The reference is compressed.py's own torch
 path (``Codec`` without kernels), so the test holds what the route relies on.
 

@@ -39,7 +39,8 @@ _TYPES: dict[torch.dtype, tuple[str, str, Any]] = {
 }
 _OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 
-#: 256 threads x 16 bytes a thread, in a grid-stride loop over a bounded grid: no block
+#: 256 threads x 16 bytes a thread (native/quant.cu's RR_QUANT_THREADS sizes its shared
+#: memory for this), in a grid-stride loop over a bounded grid: no block
 #: per 4 KiB. Blocks per SM by element size, measured on H200: 16-bit types widen 8
 #: elements per load and need a full SM (2048 threads) to hide it, 0.82 -> 0.98-1.03 of
 #: a device copy; 32-bit types run best at half occupancy (0.99-1.03 against 0.93-0.98
@@ -200,11 +201,11 @@ class Kernels:
         width = _CHUNK * x.element_size()
         vec = _aligned(k, _CHUNK, (x, width), (out, 4), *_also(residual, 16))
         self._launch("quant.cu", f"rr_quantize<{_QUANT_TYPES[x.dtype]}, "
-                     f"{_QUANT[fmt.encoding]}, {elems}, {_bool(vec)}, {_bool(rotate)}>",
+                     f"{_QUANT[fmt.encoding]}, {elems}, {lanes}, {_bool(vec)}, {_bool(rotate)}>",
                      rows * k, elems, 4,
                      (np.uint64(x.data_ptr()), _pointer(residual), np.uint64(out.data_ptr()),
-                      np.int64(rows * k // block), np.int64(k // block), np.int32(lanes),
-                      _inverse(fmt)), stream)
+                      np.int64(rows * k // block), np.int64(k // block), _inverse(fmt)),
+                     stream)
 
     def reduce_requantize(self, got: torch.Tensor, own: torch.Tensor, own_index: int,
                           fmt: Format, block: int, sent: torch.Tensor,
@@ -221,11 +222,11 @@ class Kernels:
         elems, lanes = _quant_shape(block)
         vec = _aligned(k, _CHUNK, (got, 4), (own, 4), (sent, 4), *_also(residual, 16))
         self._launch("quant.cu", f"rr_reduce_requantize<{_QUANT[fmt.encoding]}, {elems}, "
-                     f"{str(vec).lower()}>", k, elems, 4,
+                     f"{lanes}, {_bool(vec)}>", k, elems, 4,
                      (np.uint64(got.data_ptr()), np.uint64(own.data_ptr()),
                       np.int32(own_index), np.int32(got.shape[0]), _pointer(residual),
-                      np.uint64(sent.data_ptr()), np.int64(k // block), np.int32(lanes),
-                      _inverse(fmt)), stream)
+                      np.uint64(sent.data_ptr()), np.int64(k // block), _inverse(fmt)),
+                     stream)
 
     def dequantize(self, packed: torch.Tensor, fmt: Format, block: int, out: torch.Tensor,
                    world_size: int, stream: int) -> None:
@@ -239,10 +240,11 @@ class Kernels:
         elems, lanes = _quant_shape(block)
         vec = _aligned(k, _CHUNK, (packed, 4), (out, _CHUNK * out.element_size()))
         self._launch("quant.cu", f"rr_dequantize<{_QUANT_TYPES[out.dtype]}, "
-                     f"{_QUANT[fmt.encoding]}, {elems}, {_bool(vec)}, {_bool(fmt.rotated)}>",
+                     f"{_QUANT[fmt.encoding]}, {elems}, {lanes}, {_bool(vec)}, "
+                     f"{_bool(fmt.rotated)}>",
                      rows * k, elems, 4,
                      (np.uint64(packed.data_ptr()), np.uint64(out.data_ptr()),
-                      np.int64(rows * k // block), np.int64(k // block), np.int32(lanes),
+                      np.int64(rows * k // block), np.int64(k // block),
                       np.float32(world_size)), stream)
 
     def put_signature(self, words: torch.Tensor, signature: int, stream: int) -> None:

@@ -77,9 +77,9 @@ def placed(value: float, bounds: tuple[float, float] | None) -> str:
         return "no fp32"
     lo, hi = bounds
     if value > hi:
-        return f"+{value - hi:.4f} above"
+        return f"+{value - hi:.5f} above"
     if value < lo:
-        return f"-{lo - value:.4f} below"
+        return f"-{lo - value:.5f} below"
     return "inside"
 
 
@@ -102,8 +102,8 @@ def table(runs: Sequence[dict[str, Any]]) -> list[str]:
              "# 'vs fp32' columns: inside fp32's [min, max] over its seeds, or the distance "
              "outside; x fp32 / x bf16-hook: samples/s over their seeds' mean; x own: over "
              "fsdp-nccl (fsdp-*) or hsdp-nccl (hsdp-*)",
-             f"{'mode':>12} {'seed':>4} {'train100':>8} {'vs fp32':>13} {'valid':>7} "
-             f"{'vs fp32':>13} {'samples/s':>9} {'x fp32':>6} {'x bf16h':>7} {'x own':>6} "
+             f"{'mode':>12} {'seed':>4} {'train100':>8} {'vs fp32':>14} {'valid':>7} "
+             f"{'vs fp32':>14} {'samples/s':>9} {'x fp32':>6} {'x bf16h':>7} {'x own':>6} "
              f"{'identical':>9}"]
     fp32, bf16 = mean_speed(runs, REFERENCE), mean_speed(runs, BF16_HOOK)
     for r in runs:
@@ -112,8 +112,8 @@ def table(runs: Sequence[dict[str, Any]]) -> list[str]:
         ident = "n/a" if r["identical"] is None else str(r["identical"])
         lines.append(
             f"{r['mode']:>12} {r['seed']:>4} {r['train_last']:>8.4f} "
-            f"{placed(r['train_last'], train):>13} {r['valid']:>7.4f} "
-            f"{placed(r['valid'], valid):>13} {r['samples_per_s']:>9.0f} "
+            f"{placed(r['train_last'], train):>14} {r['valid']:>7.4f} "
+            f"{placed(r['valid'], valid):>14} {r['samples_per_s']:>9.0f} "
             f"{ratio(r['samples_per_s'], fp32):>6} {ratio(r['samples_per_s'], bf16):>7} "
             f"{ratio(r['samples_per_s'], own):>6} {ident:>9}")
     return lines

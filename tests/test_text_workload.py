@@ -109,6 +109,9 @@ def test_table_places_each_run_against_fp32s_seed_spread() -> None:
     assert rows["hsdp-int4", "0"] == ["0.9900", "-0.01000", "below", "1.3000", "inside",
                                       "270", "2.45x", "1.64x", "3.00x", "True"]
     assert rows["fsdp-nccl", "0"][-2:] == ["1.00x", "n/a"]
+    barely = text_report.table([*runs[:3], run("int8", 0, 1.02 + 3e-7, 1.28 - 2e-6, 1)])
+    assert barely[-1].split()[2:8] == ["1.0200", "+3.0e-07", "above", "1.2800", "-2.0e-06",
+                                       "below"]
     assert text_report.table(runs[3:])[0].endswith("train-last-100 -, valid -")
 
 

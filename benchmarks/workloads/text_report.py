@@ -77,10 +77,15 @@ def placed(value: float, bounds: tuple[float, float] | None) -> str:
         return "no fp32"
     lo, hi = bounds
     if value > hi:
-        return f"+{value - hi:.5f} above"
+        return f"+{_distance(value - hi)} above"
     if value < lo:
-        return f"-{lo - value:.5f} below"
+        return f"-{_distance(lo - value)} below"
     return "inside"
+
+
+def _distance(d: float) -> str:
+    """Five decimals; below 1e-5 (an fp32 rounding away) in full, never as 0.00000."""
+    return f"{d:.5f}" if d >= 1e-5 else f"{d:.1e}"
 
 
 def mean_speed(runs: Sequence[dict[str, Any]], mode: str) -> float | None:

@@ -72,9 +72,15 @@
 #            kernel's bandwidth / a device copy's) and benchmarks/wire_study.py on the GPU
 #            (one call's error on real gradients at the training runs' model sizes; torch ops,
 #            which the kernel tests hold bit-identical to the kernels: no compile per variant)
-#   textlm   DDP training of the byte-level language model (benchmarks/text_lm.py) on the
-#            faithful capped 2x2: TEXTLM_WIRES (fp32,int4,int4-plain,int8) x TEXTLM_SEEDS
-#            (0,1,2), TEXTLM_STEPS (1000) steps each, one process set
+#   textlm   the byte-level language model (benchmarks/text_lm.py, 6 x 512: 19.2 M parameters)
+#            on the faithful capped 2x2 under NCCL's tree (TEXTLM_ALGO; empty: NCCL's choice),
+#            TEXTLM_STEPS (1000) steps a run: DDP fp32 at TEXTLM_SEEDS (0,1,2), then TEXTLM_WIRES
+#            (int4,int8,bf16-hook,int4-plain) at the first seed, one process set (textlm_ddp);
+#            then FSDP2/HSDP, TEXTLM_FSDP_MODES (hsdp-nccl,hsdp-int4,hsdp-int8,fsdp-nccl,
+#            fsdp-int4,fsdp-int8) at the first seed (textlm_fsdp, its own limit, cut by the
+#            budget: each run's numbers are kept as it ends); last, text_lm.py --merge's table
+#            of both and of TEXTLM_MERGE (JSON files of earlier runs, e.g. the DDP fp32 seeds
+#            for an FSDP-only call: SKIP=textlm_ddp)
 #   native   the native issuer (issue 18): benchmarks/native_host.py (host time, CPU and wall
 #            per 25 MiB call, native at several slice sizes vs Python issuer vs NCCL, same
 #            run) at 2x2 loopback and capped and 4x2 loopback under MPS;
@@ -505,11 +511,25 @@ wire)
   { pytest_summary "$W/quant_kernel_tests.log"; tail -28 "$W/quant_bench.log"
     tail -20 "$W/wire_study.log"; } > "$W/summary_body.txt" ;;
 textlm)
-  step textlm_2x2 ${TEXTLM_S:-480} $E_ALL --machines 2 --gpus-per-machine 2 $CAP \
-    --script benchmarks/text_lm.py -- --wire "${TEXTLM_WIRES:-fp32,int4,int4-plain,int8}" \
-    --seed "${TEXTLM_SEEDS:-0,1,2}" --steps "${TEXTLM_STEPS:-1000}" --json "$W/textlm_2x2.json"
-  grep -vE "Warning|warn|^W1|^\[rank|^\s*$|socket.cpp" "$W/textlm_2x2.log" | tail -24 \
-    > "$W/summary_body.txt" ;;
+  # Estimated at 2x2 capped (two ranks a GPU on 2 GPUs): fp32 moves ~77 MB across each
+  # machine's link a step under NCCL's tree, >= 62 ms at 1.25 GB/s, so ~70-80 s a seed;
+  # int8 / int4 / int4-plain ~25 s, bf16-hook ~45 s; ~20 s of start-up and ~4 s a run:
+  # ~380 s for textlm_ddp (int4-plain, the unrotated variant, last: the first to be cut). FSDP2 gathers the fp32 weights twice a step (~0.15 s): fsdp-*
+  # runs take 110-190 s, hsdp-* 25-80 s, so the FSDP step finishes what the budget allows.
+  export RINGREDUCE_TIMEOUT=${RINGREDUCE_TIMEOUT:-90}
+  algo=${TEXTLM_ALGO-allreduce:tree}; seeds=${TEXTLM_SEEDS:-0,1,2}
+  L=(env ${algo:+NCCL_ALGO=$algo} $E_ALL --machines 2 --gpus-per-machine 2 $CAP
+     --script benchmarks/text_lm.py -- --steps "${TEXTLM_STEPS:-1000}" ${TEXTLM_FLAGS:-})
+  step textlm_ddp ${TEXTLM_S:-450} "${L[@]}" --json "$W/textlm_ddp.json" \
+    --wire "fp32,${TEXTLM_WIRES:-int4,int8,bf16-hook,int4-plain}" --seed "$seeds"
+  step textlm_fsdp ${TEXTLM_FSDP_S:-480} "${L[@]}" --json "$W/textlm_fsdp.json" \
+    --wire "${TEXTLM_FSDP_MODES:-hsdp-nccl,hsdp-int4,hsdp-int8,fsdp-nccl,fsdp-int4,fsdp-int8}" \
+    --seed "${seeds%%,*}" --spread ""
+  { for f in "$W"/textlm_*.log; do echo "== $(basename "$f" .log)"
+      grep -E "^# (pydoc|emulate: emulated)|seed [0-9]+: train|Error" "$f" | cut -c1-400; done
+    echo "== text_lm.py --merge (the table)"
+    python3 benchmarks/text_lm.py --merge "$W"/textlm_*.json ${TEXTLM_MERGE:-} 2>&1
+  } > "$W/summary_body.txt" ;;
 esac
 
 {

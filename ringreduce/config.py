@@ -28,7 +28,7 @@ from ringreduce.defaults import (
     MIN_SLICE_BYTES,
 )
 
-PLANS = ("one-slice", "pipelined")
+PLANS = ("one-slice", "two-level", "pipelined")
 """Config.plan's values (plan/slicing.py says what each does)."""
 
 
@@ -175,9 +175,11 @@ class Config:
     plan: str | None = None
     """How a hierarchical all-reduce is issued (``RINGREDUCE_PLAN``; plan/slicing.py):
     ``"one-slice"``, three collectives (reduce-scatter inside the machine, all-reduce
-    along the rail, all-gather inside), or ``"pipelined"``, the sliced five-stage
+    along the rail, all-gather inside), ``"two-level"``, the same three alone in their
+    NCCL groups as torch.distributed's two-level composition issues them (the
+    end-of-call check in groups after them), or ``"pipelined"``, the sliced five-stage
     pipeline. ``None`` (the default): on CUDA a probe at construction times 4 and
-    16 MiB calls on NCCL's flat all-reduce, one slice and the pipeline (and an 8- or
+    16 MiB calls on NCCL's flat all-reduce, one slice, two-level and the pipeline (and an 8- or
     4-bit wire against them) and takes the fastest per size, a route with fewer
     collectives within the probe's noise (plan/slicing.py, execution/probe.py); on
     the CPU (gloo) the pipeline. A given plan is always taken (no probe; an 8- or

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import ringreduce
+from ringreduce.plan import slicing
 
 from .cases import count_stage_calls, interleaved, sizes_for, sweep
 from .multiproc import run_test_ranks
@@ -56,6 +57,37 @@ def test_every_size_dtype_op_is_exact(machines: int, devices: int) -> None:
 ONE_SLICE_TOPOLOGIES = [(2, 2), (3, 2), (2, 3), (4, 1)]
 
 
+def _spy_calls(comm: ringreduce.Communicator) -> list[str]:
+    """The transport's stage calls of ``comm`` from now on, in order, as
+    "method:communicator"."""
+    transport = comm._res.transport
+    calls: list[str] = []
+    for name in ("reduce_scatter_into", "all_reduce_on", "all_gather_into",
+                 "exchange_signature", "collect", "diffuse"):
+        real = getattr(transport, name)
+
+        def spied(comm_name: str, *a: object, _real=real, _name=name) -> None:
+            calls.append(f"{_name}:{comm_name}")
+            _real(comm_name, *a)
+
+        setattr(transport, name, spied)
+    return calls
+
+
+def _unsliced_calls(devices: int, apart: bool) -> list[str]:
+    """One call's stage calls under one slice, or two-level (``apart``: the end-of-call
+    check after the all-gather, not in the rail's and the all-gather's groups)."""
+    inside = ["reduce_scatter_into:reduce_scatter"] if devices > 1 else []
+    tail = ["all_reduce_on:world"] if devices > 1 else []
+    gather = ["all_gather_into:all_gather"] if devices > 1 else []
+    machine_check = ["exchange_signature:all_gather"] if devices > 1 else []
+    if apart:
+        return [*inside, "all_reduce_on:collect", *tail, *gather,
+                "exchange_signature:collect", *machine_check]
+    return [*inside, "all_reduce_on:collect", *tail, "exchange_signature:collect",
+            *gather, *machine_check]
+
+
 def _one_slice_worker(rank: int, world: int, machines: int) -> None:
     """plan='one-slice': three collectives a call (a tail of n mod D elements rides the
     rail's group as a world all-reduce), every size, dtype and op exact, the
@@ -63,34 +95,61 @@ def _one_slice_worker(rank: int, world: int, machines: int) -> None:
     devices = world // machines
     with ringreduce.Communicator(machines=machines, min_bytes=0, plan="one-slice") as comm:
         assert comm._res.plan.one_slice and "plan=one-slice" in comm.describe()
-        transport = comm._res.transport
-        calls: list[str] = []
-        for name in ("reduce_scatter_into", "all_reduce_on", "all_gather_into",
-                     "exchange_signature", "collect", "diffuse"):
-            real = getattr(transport, name)
-
-            def spied(comm_name: str, *a: object, _real=real, _name=name) -> None:
-                calls.append(f"{_name}:{comm_name}")
-                _real(comm_name, *a)
-
-            setattr(transport, name, spied)
+        calls = _spy_calls(comm)
         n = 5 * devices + (1 if devices > 1 else 0)  # a tail when D > 1
         assert sweep(comm, [n], CPU, dtypes=(torch.float32,), ops=(dist.ReduceOp.SUM,)) == 1
-        inside = ["reduce_scatter_into:reduce_scatter"] if devices > 1 else []
-        tail = ["all_reduce_on:world"] if devices > 1 else []
-        gather = ["all_gather_into:all_gather", "exchange_signature:all_gather"] \
-            if devices > 1 else []
-        assert calls == [*inside, "all_reduce_on:collect", *tail,
-                         "exchange_signature:collect", *gather], calls
+        assert calls == _unsliced_calls(devices, apart=False), calls
         last = comm._res.guard.recorder.last()
         assert last is not None and last.route == "one-slice" and "plan=" in last.why
         assert sweep(comm, sizes_for(devices, machines), CPU) > 0
         interleaved(comm, [1, 33, 250], CPU)
 
 
+def _two_level_worker(rank: int, world: int, machines: int) -> None:
+    """The probe's timings with two-level the fastest: two-level is chosen and every
+    call of a hierarchical size takes it (flight record, describe()), issuing the three
+    collectives with the end-of-call check after them; every size, dtype and op exact,
+    and float32 sums bit for bit those of one slice (the same collectives)."""
+    devices = world // machines
+    timings = [slicing.Timing(nbytes, {slicing.FLAT: (3.0 * nbytes,),
+                                       slicing.ONE_SLICE: (1.05 * nbytes,),
+                                       slicing.TWO_LEVEL: (1.0 * nbytes,),
+                                       slicing.PIPELINED: (1.1 * nbytes,)})
+               for nbytes in (4 << 20, 16 << 20)]
+    chosen = slicing.choose(timings)
+    assert chosen.at(1).two_level and chosen.at(1 << 30).two_level, chosen
+    with ringreduce.Communicator(machines=machines, min_bytes=0) as comm, \
+            ringreduce.Communicator(machines=machines, min_bytes=0, plan="one-slice") as one:
+        comm._res.plan = chosen  # what probe.compare leaves, from these timings
+        assert "two-level is the fastest, by 5.0% over one-slice" in comm.describe()
+        calls = _spy_calls(comm)
+        n = 5 * devices + (1 if devices > 1 else 0)  # a tail when D > 1
+        assert sweep(comm, [n], CPU, dtypes=(torch.float32,), ops=(dist.ReduceOp.SUM,)) == 1
+        assert calls == _unsliced_calls(devices, apart=True), calls
+        last = comm._res.guard.recorder.last()
+        assert last is not None and last.route == slicing.TWO_LEVEL, last
+        assert last.why == chosen.at(n * 4).why
+        assert sweep(comm, sizes_for(devices, machines), CPU) > 0
+        interleaved(comm, [1, 33, 250], CPU)
+        gen = torch.Generator().manual_seed(rank)
+        for numel in (1, devices * 1000, devices * 1000 + 1):
+            x = torch.randn(numel, generator=gen)
+            mine, theirs = x.clone(), x.clone()
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                comm.all_reduce(mine, op=op)
+                one.all_reduce(theirs, op=op)
+                assert torch.equal(mine.view(torch.int32), theirs.view(torch.int32)), numel
+
+
 @pytest.mark.parametrize("machines,devices", _topologies(ONE_SLICE_TOPOLOGIES))
 def test_one_slice_plan_is_exact(machines: int, devices: int) -> None:
     run_test_ranks(_one_slice_worker, machines * devices, machines)
+
+
+@pytest.mark.parametrize("machines,devices", _topologies([(2, 2), (2, 3)]))
+def test_two_level_is_taken_where_the_probe_found_it_fastest_and_is_exact(
+        machines: int, devices: int) -> None:
+    run_test_ranks(_two_level_worker, machines * devices, machines)
 
 
 def _diffuse_p2p_worker(rank: int, world: int) -> None:

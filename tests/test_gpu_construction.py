@@ -51,7 +51,7 @@ def _construction_worker(rank: int, world: int) -> None:
     assert engine.config.timeout_s == 30.0 and engine.topology.machines == SMALL[0]
     routes = {r.route.split(" (")[0] for r in engine._res.guard.recorder._records}
     plan = engine._res.plan.at(t.numel() * t.element_size())  # the probe's, at this size
-    assert routes == {"one-slice" if plan.one_slice else "flat" if plan.flat
+    assert routes == {plan.plan if plan.unsliced else "flat" if plan.flat
                       else "hierarchical"}, routes
     torch.cuda.synchronize()
 

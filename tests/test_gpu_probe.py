@@ -1,8 +1,9 @@
 """GPU tests of the construction probe (execution/probe.py, plan/slicing.py): what it
 chose is what describe() reports, and every call takes the route chosen for its size,
 exact where the route is exact; with an 8-bit wire, the wire only where the probe found
-it faster. At 2 x 2 (two GPUs at least: one GPU a machine takes no probe). Run with
-``pytest -m gpu``; skipped without CUDA or nccl4py.
+it faster; two-level (the probe times it beside one slice) gives every other route's
+results, bit for bit where they add alike. At 2 x 2 (two GPUs at least: one GPU a
+machine takes no probe). Run with ``pytest -m gpu``; skipped without CUDA or nccl4py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ pytestmark = [*GPU_MARKS, pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs (2 x
 
 MiB = 1 << 20
 ROUTE_NAMES = {slicing.FLAT: "flat", slicing.ONE_SLICE: "one-slice",
-               slicing.PIPELINED: "hierarchical"}
+               slicing.TWO_LEVEL: "two-level", slicing.PIPELINED: "hierarchical"}
 """The flight record's route (less the issuer, " (native)") of each plan."""
 SIZES = (1 * MiB, 4 * MiB, 12 * MiB, 16 * MiB, 64 * MiB)
 """Below, at and between the probe's sizes, and above them."""
@@ -116,3 +117,52 @@ def _given_worker(rank: int, world: int) -> None:
 
 def test_gpu_a_given_plan_is_taken_without_a_probe() -> None:
     run_test_ranks(_given_worker, 4, backend="nccl", env=gpu_env(2, 2), timeout=300)
+
+
+def _replicas_agree(t: torch.Tensor) -> None:
+    """Every rank holds the same bits."""
+    every = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, t)
+    for other in every[1:]:
+        assert torch.equal(every[0].view(torch.int32), other.view(torch.int32))
+
+
+def _two_level_worker(rank: int, world: int) -> None:
+    """plan='two-level' against one slice, the pipeline and NCCL, at a probe size, a
+    DDP bucket and a size with a tail (n mod D): small integers in float32 and int32
+    equal on every route (exact sums); random float32 bit for bit one slice's (the
+    same collectives), every replica the same. Three calls of each, so that the native
+    issuer's traced program is replayed (its first sight runs from Python)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    plans = (slicing.TWO_LEVEL, slicing.ONE_SLICE, slicing.PIPELINED)
+    comms = {p: ringreduce.Communicator(plan=p) for p in plans}
+    try:
+        gen = torch.Generator(device=dev).manual_seed(rank)
+        for numel in (4 * MiB // 4, 25 * MiB // 4, 25 * MiB // 4 + 1):
+            for _ in range(3):
+                for dtype in (torch.float32, torch.int32):
+                    ref = rank_input(rank, numel, dtype, dev)
+                    outs = {p: ref.clone() for p in plans}
+                    for p, t in outs.items():
+                        comms[p].all_reduce(t)
+                        assert _route(comms[p])[0] == ROUTE_NAMES[p], (p, _route(comms[p]))
+                    dist.all_reduce(ref)
+                    for p, t in outs.items():
+                        assert torch.equal(t, ref), (numel, dtype, p)
+                x = torch.randn(numel, generator=gen, device=dev)
+                for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                    two, one = x.clone(), x.clone()
+                    comms[slicing.TWO_LEVEL].all_reduce(two, op=op)
+                    comms[slicing.ONE_SLICE].all_reduce(one, op=op)
+                    assert torch.equal(two.view(torch.int32), one.view(torch.int32)), numel
+                    _replicas_agree(two)
+        record = comms[slicing.TWO_LEVEL]._res.guard.recorder.last()
+        assert record is not None and record.route.startswith("two-level"), record
+        assert "plan=two-level" in comms[slicing.TWO_LEVEL].describe()
+    finally:
+        for comm in comms.values():
+            comm.close()
+
+
+def test_gpu_two_level_gives_the_other_routes_results() -> None:
+    run_test_ranks(_two_level_worker, 4, backend="nccl", env=gpu_env(2, 2), timeout=300)

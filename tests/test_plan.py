@@ -354,6 +354,22 @@ def test_the_probe_takes_the_fastest_route_and_says_by_how_much() -> None:
         assert "probe at 16 MiB" in chosen.reason and "10.00 ms" in chosen.reason
 
 
+def test_two_level_is_taken_where_it_is_fastest_beyond_the_margin() -> None:
+    times = {"flat": (0.020,), "one_slice": (0.0105,), "two_level": (0.0100,),
+             "pipelined": (0.0110,)}
+    chosen = slicing.choose_at(_timing(**times))
+    assert chosen.two_level and chosen.unsliced and not chosen.one_slice, chosen
+    assert "two-level 10.00 ms" in chosen.reason and \
+        "two-level is the fastest, by 5.0% over one-slice" in chosen.reason, chosen.reason
+    assert chosen.why.startswith("plan=two-level: probe at 16 MiB")
+    # within the margin of two-level, one slice issues fewer collectives: one slice
+    close = slicing.choose_at(_timing(**{**times, "one_slice": (0.01005,)}))
+    assert close.one_slice and "within the margin of two-level" in close.reason
+    # and two-level before the pipeline, within the margin of it
+    piped = slicing.choose_at(_timing(**{**times, "one_slice": (0.02,), "pipelined": (0.00995,)}))
+    assert piped.two_level and "within the margin of pipelined" in piped.reason
+
+
 def test_within_the_margin_the_route_with_fewer_collectives_is_taken() -> None:
     # flat 0.5% slower than one slice, the passes alike: the margin's floor (1%) covers it
     chosen = slicing.choose_at(_timing(flat=(0.01005,), one_slice=(0.0100,),
@@ -407,8 +423,9 @@ def test_the_probes_sizes_and_calls() -> None:
     assert slicing.probe_sizes(8 * MiB) == (8 * MiB, 16 * MiB)
     assert slicing.probe_sizes(32 * MiB) == (32 * MiB,)
     per_route = slicing.PROBE_WARMUP + slicing.PROBE_PASSES * slicing.PROBE_ROUNDS
-    assert slicing.probe_calls(1 * MiB, False) == 2 * 3 * per_route
-    assert slicing.probe_calls(32 * MiB, True) == 1 * 4 * per_route
+    # flat, one slice, two-level, the pipeline; and the wire
+    assert slicing.probe_calls(1 * MiB, False) == 2 * 4 * per_route
+    assert slicing.probe_calls(32 * MiB, True) == 1 * 5 * per_route
 
 
 def test_the_probes_times_are_checked() -> None:

@@ -122,7 +122,7 @@ def implementations(b: Bench, bufs: list[Pair]) -> dict[str, Reduce | None]:
 
 def route_of(comm: ringreduce.Communicator) -> str:
     """The route of ringreduce's latest call, from its flight record: "hierarchical",
-    "one-slice" or "flat", without the issuer (the engine's routing decides; this
+    "one-slice", "two-level" or "flat", without the issuer (the engine's routing decides; this
     only reads what it decided)."""
     record = comm._res.guard.recorder.last()  # the engine's own record of the call
     if record is None:

@@ -14,6 +14,7 @@ here.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +31,7 @@ from ringreduce.execution.resources import Resources
 from ringreduce.execution.streams import FLAT
 from ringreduce.plan import schedule
 from ringreduce.plan.schedule import DONE, ENTRY
-from ringreduce.plan.slicing import ONE_SLICE, Choice
+from ringreduce.plan.slicing import TWO_LEVEL, UNSLICED, Choice
 from ringreduce.safety.flight import Record
 
 CALLER = "caller"
@@ -79,10 +80,12 @@ class Issuer:
         16-bit wire keeps the pipeline: the probe did not time that wire)."""
         return self.below_hierarchy(t) or (self.choice(t).flat and not self._narrows(t))
 
-    def one_slice(self, t: torch.Tensor) -> bool:
-        """Whether a hierarchical all_reduce of ``t`` takes one slice (Resources.plan);
-        a 16-bit wire for float32 is the pipeline's (its add narrows the rail rows)."""
-        return self.choice(t).one_slice and not self._narrows(t)
+    def unsliced(self, t: torch.Tensor) -> str:
+        """The plan a hierarchical all_reduce of ``t`` takes when it is one slice or
+        two-level (Resources.plan), else "" (the pipeline); a 16-bit wire for float32 is
+        the pipeline's (its add narrows the rail rows)."""
+        plan = self.choice(t).plan
+        return plan if plan in UNSLICED and not self._narrows(t) else ""
 
     def takes_wire(self, t: torch.Tensor, explicit: bool) -> bool:
         """Whether a call the communicator's 8- or 4-bit wire carries takes the compressed
@@ -125,12 +128,12 @@ class Issuer:
         capturing = torch.cuda.is_current_stream_capturing()
         native = self.res.native
         if native is not None:  # native.py; captures stay on this thread
-            one = self.one_slice(t)
+            plan = self.unsliced(t)
             program = None if capturing or not t.numel() or self.route_flat(t) \
-                else native.program(t, op, lambda: self.ctx(record), ONE_SLICE if one else "")
+                else native.program(t, op, lambda: self.ctx(record), plan)
             if program is not None:
                 record.why = self.choice(t).why
-                return self._replay(t, program, async_op, record, ONE_SLICE if one else "")
+                return self._replay(t, program, async_op, record, plan)
         return self._from_python(t, async_op, record,
                                  lambda: self.execute(t, op, record, inline=not async_op))
 
@@ -207,14 +210,16 @@ class Issuer:
                 record.why = self.choice(t).why
             return self._unsliced(flat_here, t, op, ctx, inline)
         record.why = self.choice(t).why
-        if self.one_slice(t):
-            record.route = ONE_SLICE
+        plan = self.unsliced(t)
+        if plan:
+            record.route = plan
+            run = functools.partial(_run_unsliced, apart=plan == TWO_LEVEL)
             if res.native is not None:
                 # on the replays' stream: one-slice calls share the end-of-call check's
                 # buffers, so they must all run on one stream (call_check.py)
                 end = schedule.active_stages(res.topo.devices_per_machine)[-1]
-                return self._unsliced(one_slice.run, t, op, ctx, False, end)
-            return self._unsliced(one_slice.run, t, op, ctx, inline)
+                return self._unsliced(run, t, op, ctx, False, end)
+            return self._unsliced(run, t, op, ctx, inline)
         record.route = "hierarchical"
         res.sync.enter()
         topo = res.topo
@@ -352,7 +357,13 @@ def _stage_ends(last: str, devices: int, route: str) -> Ends:
 
 def _one_stream(route: str) -> bool:
     """Whether ``route`` runs a hierarchical call on one stream (every rank its peers)."""
-    return route == ONE_SLICE or route.startswith("compressed")
+    return route in UNSLICED or route.startswith("compressed")
+
+
+def _run_unsliced(flat: torch.Tensor, op: str, ctx: CallContext, stream: int | None,
+                  apart: bool) -> None:
+    """one_slice.run, the two-level plan's way when ``apart``."""
+    one_slice.run(flat, op, ctx, stream, apart)
 
 
 def as_torch_future(job: concurrent.futures.Future[Any],

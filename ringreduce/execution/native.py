@@ -176,8 +176,9 @@ class NativeIssuer:
     def program(self, t: torch.Tensor, op: str, make_ctx: Callable[[], Any],
                 route: str | feedback.Spec = "") -> Any:
         """The program of this kind of call (size, dtype, op, alignment and ``route``:
-        "" the pipeline, ONE_SLICE the one-slice plan, which the Communicator fixes for
-        a dtype, a feedback.Spec the compressed route), traced at its second sight;
+        "" the pipeline, ONE_SLICE or TWO_LEVEL the plan of three collectives, which
+        the Communicator fixes for a size, a feedback.Spec the compressed route),
+        traced at its second sight;
         None at its first, which goes through the Python issuer on the caller's
         thread, so that everything done once happens there while no stream waits on a
         flag: NCCL connecting peers and loading kernels, cupy kernels loading. CUDA

@@ -8,7 +8,10 @@ For rank (machine m, device d) of M machines x D devices, the tensor's first
                   and the last n mod D elements over every rank       (same NCCL group)
   all_gather      row e = device e's chunk, for every e               (inside, in place)
 
-Three NCCL groups, in place, nothing staged. AVG travels as SUM and divides the chunk
+Three NCCL groups, in place, nothing staged. The two-level plan (``apart``) issues
+the same collectives with nothing else in their groups, as torch.distributed's
+two-level composition does, and the end-of-call check in two groups of its own after
+the all-gather (rail, then machine: the same hops). AVG travels as SUM and divides the chunk
 once before the all-gather (torch's true division; when the native issuer records
 the call, native/add.cu's with no rows, a launch its program can hold: the same
 correctly rounded quotient), so every rank ends with the same bits. The end-of-call
@@ -41,8 +44,10 @@ STAGE_OF_GROUP = {"world": RAIL}
 where it is not a stage's own: the tail rides the rail's group."""
 
 
-def run(flat: torch.Tensor, op: str, ctx: CallContext, stream: int | None) -> None:
-    """Unpipelined meaning: all_reduce(flat, op) over every rank of the group."""
+def run(flat: torch.Tensor, op: str, ctx: CallContext, stream: int | None,
+        apart: bool = False) -> None:
+    """Unpipelined meaning: all_reduce(flat, op) over every rank of the group.
+    ``apart``: the two-level plan, the end-of-call check in groups of its own."""
     topo, transport, check = ctx.topo, ctx.transport, ctx.check
     devices = topo.devices_per_machine
     k = flat.numel() // devices
@@ -60,8 +65,8 @@ def run(flat: torch.Tensor, op: str, ctx: CallContext, stream: int | None) -> No
             transport.all_reduce_on(RAIL, chunk, op, stream)
         if tail.numel():
             transport.all_reduce_on("world", tail, op, stream)
-        if check is not None:  # the rail's maximum: on the chunk's communicator, so
-            # that the group launches on one communicator, not two (host time)
+        if check is not None and not apart:  # the rail's maximum: on the chunk's
+            # communicator, so that the group launches on one communicator (host time)
             transport.exchange_signature(RAIL, check.words, check.got, stream)
     if op == "avg":
         for part in (chunk, tail):
@@ -71,10 +76,24 @@ def run(flat: torch.Tensor, op: str, ctx: CallContext, stream: int | None) -> No
         with stage_errors(ctx, "all_gather", flat), transport.group(["all_gather"]):
             if k:
                 transport.all_gather_into("all_gather", chunk, body, stream)
-            if check is not None:  # the machine's maximum of the rails': the world's
+            if check is not None and not apart:  # the machine's maximum of the rails'
                 transport.exchange_signature("all_gather", check.got, check.got, stream)
     if check is not None:
+        if apart:
+            _check_apart(flat, ctx, stream)
         check.verify(ctx, own, stream)
+
+
+def _check_apart(flat: torch.Tensor, ctx: CallContext, stream: int | None) -> None:
+    """The two-level plan's end-of-call check, after the data: the rail's maximum, then
+    the machine's maximum of the rails' (the world's), each in a group of its own."""
+    transport, check = ctx.transport, ctx.check
+    assert check is not None
+    with stage_errors(ctx, RAIL, flat), transport.group([RAIL]):
+        transport.exchange_signature(RAIL, check.words, check.got, stream)
+    if ctx.topo.devices_per_machine > 1:
+        with stage_errors(ctx, "all_gather", flat), transport.group(["all_gather"]):
+            transport.exchange_signature("all_gather", check.got, check.got, stream)
 
 
 def _average(part: torch.Tensor, ctx: CallContext, stream: int | None) -> None:

@@ -4,7 +4,7 @@ Collective: every rank of a CUDA communicator runs it once, at the end of its
 construction, when the plan is not given and a call can take the hierarchy (M > 1,
 D > 1). At each of ``slicing.probe_sizes`` it makes all-reduces through the
 communicator itself on every route of ``slicing.ROUTES`` (NCCL's flat all-reduce on the
-whole group, one slice, the pipeline) on int32 tensors, and with an 8- or 4-bit wire
+whole group, one slice, two-level, the pipeline) on int32 tensors, and with an 8- or 4-bit wire
 also on float32 ones that take the wire: ``PROBE_WARMUP`` calls on each (connections,
 the native issuer's trace), then ``PROBE_PASSES`` passes that time each in turn,
 ``PROBE_ROUNDS`` synchronous calls between two events on the caller's stream. So each
@@ -15,8 +15,8 @@ decide alike, on the route's fastest pass and the passes' spread (the margin). T
 host waits for the device here, at construction, never on a call. The probe's calls
 are numbered and recorded like the user's, before them.
 
-Its cost: sizes x routes x (PROBE_WARMUP + PROBE_PASSES x PROBE_ROUNDS) calls, 48 (64
-with a wire) of 4 and 16 MiB: about 0.5 s at 10 Gbit/s between two machines.
+Its cost: sizes x routes x (PROBE_WARMUP + PROBE_PASSES x PROBE_ROUNDS) calls, 64 (80
+with a wire) of 4 and 16 MiB: about 0.7 s at 10 Gbit/s between two machines.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from ringreduce.execution.pipeline import run_waves
 from ringreduce.execution.transport import NcclTransport
 from ringreduce.plan import schedule
 from ringreduce.plan.schedule import ENTRY
-from ringreduce.plan.slicing import ONE_SLICE
+from ringreduce.plan.slicing import TWO_LEVEL, UNSLICED
 
 if TYPE_CHECKING:
     from ringreduce.execution.context import CallContext
@@ -209,13 +209,14 @@ class StagedTransport(NcclTransport):
         return super().group(stages)
 
 
-def walk_one_slice(t: torch.Tensor, op: str, ctx: CallContext, stages: Sequence[str]) -> None:
-    """A one-slice call against recording collaborators: on the last stage's stream,
-    whose flag and done event end the job (no event joins it to another), after the
-    job's entry event."""
+def walk_one_slice(t: torch.Tensor, op: str, ctx: CallContext, stages: Sequence[str],
+                   apart: bool = False) -> None:
+    """A one-slice (two-level when ``apart``) call against recording collaborators: on
+    the last stage's stream, whose flag and done event end the job (no event joins it
+    to another), after the job's entry event."""
     stream = ctx.sync.handle(stages[-1])
     ctx.sync.wait(stages[-1], [ENTRY])
-    one_slice.run(t.view(-1), op, ctx, stream)
+    one_slice.run(t.view(-1), op, ctx, stream, apart)
 
 
 def walk_compressed(t: torch.Tensor, op: str, ctx: CallContext, stages: Sequence[str],
@@ -240,10 +241,10 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
           op: str, ctx: CallContext, route: str | feedback.Spec,
           keep: list[torch.Tensor]) -> Any:
     """The program of this call: its plan walked against recording collaborators
-    (``route``: "" the pipeline, ONE_SLICE, or a feedback.Spec); the memory it points
-    into beyond the tensor and the communicator's (a compressed call's work buffers, the
-    end-of-call check's words) goes into ``keep``, which must live as long as the
-    program. Nothing is issued."""
+    (``route``: "" the pipeline, ONE_SLICE or TWO_LEVEL, or a feedback.Spec); the
+    memory it points into beyond the tensor and the communicator's (a compressed
+    call's work buffers, the end-of-call check's words) goes into ``keep``, which
+    must live as long as the program. Nothing is issued."""
     topo = res.topo
     rec = Recorder(t.data_ptr(), t.numel() * t.element_size(), stages)
     kernels = copy.copy(res.kernels)
@@ -261,10 +262,10 @@ def trace(res: Any, wire: torch.dtype | None, stages: Sequence[str], t: torch.Te
         ctx.transport = StagedTransport(rec, {}, topo, comms, kernels, calls=calls,
                                         gathers=transport.gathers)
         walk_compressed(t, op, ctx, stages, route, keep)
-    elif route == ONE_SLICE:
+    elif route in UNSLICED:
         ctx.transport = StagedTransport(rec, one_slice.STAGE_OF_GROUP, topo, comms, kernels,
                                         calls=calls, gathers=transport.gathers)
-        walk_one_slice(t, op, ctx, stages)
+        walk_one_slice(t, op, ctx, stages, route == TWO_LEVEL)
     else:
         ctx.wire = wire if t.dtype == torch.float32 else None
         plans, waves = schedule.plan_waves(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..defaults import DEFAULT_MIN_BYTES, DEFAULT_STAGING_BYTES
-from ..plan.slicing import ONE_SLICE, PIPELINED
+from ..plan.slicing import PIPELINED, UNSLICED
 
 DTYPE_BYTES = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int32": 4, "int64": 8}
 
@@ -210,7 +210,7 @@ def _sample(path: Path, meta: dict[str, Any], row: dict[str, Any],
         wire_factor=wire, link_gbit=link_gbit_of(meta),
         setting_key=setting_key(meta, setting), setting=setting,
         rr_us=float(row["rr_time_us"]), ref_us=float(row["ref_time_us"]), row=row, meta=meta,
-        plan=ONE_SLICE if route == ONE_SLICE else PIPELINED)
+        plan=route if route in UNSLICED else PIPELINED)
 
 
 def _slice_bytes(config: dict[str, Any], meta: dict[str, Any]) -> int | None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from ..config import Config
 from ..defaults import DEFAULT_MIN_BYTES, DEFAULT_STAGING_BYTES
 from ..plan import layout, schedule
-from ..plan.slicing import ONE_SLICE, PIPELINED, PLANS
+from ..plan.slicing import PIPELINED, PLANS, UNSLICED
 from .cluster import Cluster, gbps_to_bytes_per_us
 from .nccl_cost import nccl_time_us
 
@@ -55,13 +55,14 @@ class Options:
     wire_factor: float = 1.0
     """Bytes on the network hop per byte of data: 0.5 with a 16-bit wire for fp32."""
     plan: str = PIPELINED
-    """The engine's plan for hierarchical calls: "pipelined" or "one-slice" (the engine
-    takes one slice only where the wire is the tensor's dtype: execution/issue.py)."""
+    """The engine's plan for hierarchical calls: "pipelined", "one-slice" or "two-level"
+    (priced alike: the same three collectives; the engine takes them only where the
+    wire is the tensor's dtype: execution/issue.py)."""
 
     def __post_init__(self) -> None:
         if self.plan not in PLANS:
             raise ValueError(f"plan={self.plan!r} is not one of {PLANS}")
-        if self.plan == ONE_SLICE and self.wire_factor != 1.0:
+        if self.plan in UNSLICED and self.wire_factor != 1.0:
             raise ValueError(f"plan={self.plan!r} with wire_factor={self.wire_factor}: the "
                              "engine sends a 16-bit wire through the pipeline, never one "
                              "slice; use plan='pipelined'")
@@ -200,7 +201,7 @@ def ringreduce_time_us(size: int, c: Cluster, o: Options, buckets: int = 1) -> f
     """One iteration of ``buckets`` calls from an idle pipeline, host cost included."""
     if not hierarchical(c, o, size):
         return buckets * nccl_time_us(size, c)
-    if o.plan == ONE_SLICE:
+    if o.plan in UNSLICED:
         return one_slice_time_us(size, c, o, buckets, 1)
     return iteration_ends(size, c, o, buckets)[0]
 
@@ -253,7 +254,7 @@ def steady_time_us(size: int, c: Cluster, o: Options, buckets: int, iters: int) 
     to back from an idle pipeline, total time divided by ``iters``."""
     if not hierarchical(c, o, size):
         return buckets * nccl_time_us(size, c)
-    if o.plan == ONE_SLICE:
+    if o.plan in UNSLICED:
         return one_slice_time_us(size, c, o, buckets, iters)
     k = max(1, min(iters, SIMULATED_ITERATIONS))
     ends = iteration_ends(size, c, o, buckets, k)

@@ -5,7 +5,11 @@ Flat is NCCL's own all-reduce on the whole group: one collective, whichever algo
 NCCL tunes for the size (its tree sees the M hosts). One slice issues the whole tensor
 as three collectives, one after the other: a reduce-scatter inside the machine, an
 all-reduce along the rail, an all-gather inside the machine (the two-level
-composition); its time is the sum of the three. The pipeline cuts the tensor into
+composition); its time is the sum of the three. Two-level issues the same three
+collectives alone in their NCCL groups, as torch.distributed's two-level composition
+does, and the end-of-call check after them in groups of its own (one slice rides it in
+the rail's and the all-gather's groups, which costs a launch less but puts a second
+collective beside the data in the same kernel). The pipeline cuts the tensor into
 slices and overlaps the stages of different slices, so its time approaches the
 slowest stage's, but every slice costs host time (an NCCL group per wave, events per
 stage) and a fill and drain. Which is fastest depends on the link, the machines and the
@@ -41,10 +45,13 @@ from dataclasses import dataclass
 
 FLAT = "flat"
 ONE_SLICE = "one-slice"
+TWO_LEVEL = "two-level"
 PIPELINED = "pipelined"
-PLANS = (ONE_SLICE, PIPELINED)
+PLANS = (ONE_SLICE, TWO_LEVEL, PIPELINED)
 """Config.plan's values (config.py names them too: it sits below this package)."""
-ROUTES = (FLAT, ONE_SLICE, PIPELINED)
+UNSLICED = (ONE_SLICE, TWO_LEVEL)
+"""The plans that issue a call as three collectives on one stream (one_slice.py)."""
+ROUTES = (FLAT, ONE_SLICE, TWO_LEVEL, PIPELINED)
 """What the probe may choose for exact calls, cheapest on the host first (ties go to
 the first)."""
 WIRE = "wire"
@@ -91,6 +98,15 @@ class Choice:
     @property
     def one_slice(self) -> bool:
         return self.plan == ONE_SLICE
+
+    @property
+    def two_level(self) -> bool:
+        return self.plan == TWO_LEVEL
+
+    @property
+    def unsliced(self) -> bool:
+        """One slice or two-level: three collectives on one stream (one_slice.py)."""
+        return self.plan in UNSLICED
 
     @property
     def flat(self) -> bool:

@@ -236,3 +236,83 @@ rr_dequantize(const unsigned char* __restrict__ packed, T* __restrict__ out,
         }
     }
 }
+
+// rr_dequantize for rotated 256-value blocks (kernels.py's DEQUANTIZE_VARIANT >= 1):
+// the same bytes out, with one shared-memory move a value instead of three and no move
+// back into C for the stores. 16 lanes a block (two blocks a warp), 16 values a lane,
+// in two layouts: "A", register j of lane l is element l * 16 + j (i's bits 0-3 in the
+// registers), where the codes are loaded (32-bit words) and the passes h = 1, 2, 4, 8
+// run; then, through the group's tile, "B", register j of lane l is element l + 16 * j
+// (bits 4-7 in the registers), where the passes h = 16 .. 128 run, the signs multiply
+// and each value is stored on its own (a warp's store covers 2 x 16 consecutive values:
+// whole 32-byte sectors). The passes, their order and every rounding are walsh_hadamard's.
+// Tile word of element i: i + 4 * (i >> 4) (a row of 16 padded to 20), the warp's second
+// block 336 words on (16 banks over): A's 16-byte stores and B's loads are conflict-free.
+template <typename T, int FMT, bool VEC>
+__global__ void __launch_bounds__(RR_QUANT_THREADS)
+rr_dequantize_rot256(const unsigned char* __restrict__ packed, T* __restrict__ out,
+                     long long nblocks, long long per_row, float world) {
+    constexpr int bits = QuantWire<FMT>::bits, block = 256, E = 16, words = E * bits / 32;
+    constexpr int stride = 336;  // tile floats a block
+    const int lane = threadIdx.x & 15, group = (threadIdx.x & 31) >> 4;
+    const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * 2;
+    if constexpr (FMT == 3) gauss4_table_init();
+    __shared__ Pack<float, 4> tile[RR_QUANT_THREADS / 32 * 2 * stride / 4];
+    float* const t = reinterpret_cast<float*>(tile) + (threadIdx.x >> 5) * 2 * stride +
+                     group * stride;
+    // quant.py's signs of rotate_back for B's elements: s_i 2^-4 (log2(256) - 4).
+    float d[E];
+    {
+        const unsigned base = lowbias32(RR_SIGN_SEED ^ static_cast<unsigned>(block));
+        const float power = __uint_as_float(static_cast<unsigned>(127 - 4) << 23);
+#pragma unroll
+        for (int j = 0; j < E; ++j)
+            d[j] = (lowbias32(base + static_cast<unsigned>(lane + 16 * j)) >> 31) ? -power : power;
+    }
+    for (long long first = warp * 2; first < nblocks; first += step) {
+        const long long g = first + group;
+        const bool active = g < nblocks;
+        float v[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) v[e] = 0.0f;
+        if (active) {
+            const long long r = g / per_row, b = g - r * per_row;
+            const PackedRow row{const_cast<unsigned char*>(packed) +
+                                    r * row_bytes(per_row, block, bits), per_row};
+            const float scale = load_scale<VEC>(row.scale(b));
+            const unsigned char* p = row.payload(b, block, lane * E, bits);
+            unsigned w[words];
+#pragma unroll
+            for (int q = 0; q < words; ++q) w[q] = __float_as_uint(load_scale<VEC>(p + 4 * q));
+#pragma unroll
+            for (int q = 0; q < words; ++q) {
+#pragma unroll
+                for (int e = 0; e < 32 / bits; ++e)
+                    v[q * (32 / bits) + e] =
+                        f_mul(decode<FMT>((w[q] >> (bits * e)) & ((1u << bits) - 1u)), scale);
+            }
+        }
+        butterflies_in_lane<E, 1, E>(v);  // A: h = 1, 2, 4, 8
+        __syncwarp();                     // the previous block's loads from the tile are done
+#pragma unroll
+        for (int q = 0; q < E / 4; ++q) {
+            Pack<float, 4> f;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f.v[e] = v[q * 4 + e];
+            *reinterpret_cast<Pack<float, 4>*>(t + lane * 20 + q * 4) = f;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < E; ++j) v[j] = t[lane + 20 * j];
+        butterflies_in_lane<E, 1, E>(v);  // B: h = 16, 32, 64, 128
+        if (!active) continue;
+        T* const o = out + g * block + lane;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            float x = f_add(f_mul(v[j], d[j]), 0.0f);
+            if (world > 0.0f) x = f_div(x, world);
+            from_acc(x, o + 16 * j);
+        }
+    }
+}

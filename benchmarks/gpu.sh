@@ -75,7 +75,7 @@
 #   textlm   the byte-level language model (benchmarks/text_lm.py, 6 x 512: 19.2 M parameters)
 #            on the faithful capped 2x2 under NCCL's tree (TEXTLM_ALGO; empty: NCCL's choice),
 #            TEXTLM_STEPS (1000) steps a run: DDP fp32 at TEXTLM_SEEDS (0,1,2), then TEXTLM_WIRES
-#            (int4,int8,bf16-hook,int4-plain) at the first seed, one process set (textlm_ddp);
+#            (int4,int8,bf16-hook) at the first seed, one process set (textlm_ddp);
 #            then FSDP2/HSDP, TEXTLM_FSDP_MODES (hsdp-nccl,hsdp-int4,hsdp-int8,fsdp-nccl,
 #            fsdp-int4,fsdp-int8) at the first seed (textlm_fsdp, its own limit, cut by the
 #            budget: each run's numbers are kept as it ends); last, text_lm.py --merge's table
@@ -513,15 +513,15 @@ wire)
 textlm)
   # Estimated at 2x2 capped (two ranks a GPU on 2 GPUs): fp32 moves ~77 MB across each
   # machine's link a step under NCCL's tree, >= 62 ms at 1.25 GB/s, so ~70-80 s a seed;
-  # int8 / int4 / int4-plain ~25 s, bf16-hook ~45 s; ~20 s of start-up and ~4 s a run:
-  # ~380 s for textlm_ddp (int4-plain, the unrotated variant, last: the first to be cut). FSDP2 gathers the fp32 weights twice a step (~0.15 s): fsdp-*
+  # int8 / int4 ~25 s, bf16-hook ~45 s; ~20 s of start-up and ~4 s a run: ~350 s for
+  # textlm_ddp. FSDP2 gathers the fp32 weights twice a step (~0.15 s): fsdp-*
   # runs take 110-190 s, hsdp-* 25-80 s, so the FSDP step finishes what the budget allows.
   export RINGREDUCE_TIMEOUT=${RINGREDUCE_TIMEOUT:-90}
   algo=${TEXTLM_ALGO-allreduce:tree}; seeds=${TEXTLM_SEEDS:-0,1,2}
   L=(env ${algo:+NCCL_ALGO=$algo} $E_ALL --machines 2 --gpus-per-machine 2 $CAP
      --script benchmarks/text_lm.py -- --steps "${TEXTLM_STEPS:-1000}" ${TEXTLM_FLAGS:-})
   step textlm_ddp ${TEXTLM_S:-450} "${L[@]}" --json "$W/textlm_ddp.json" \
-    --wire "fp32,${TEXTLM_WIRES:-int4,int8,bf16-hook,int4-plain}" --seed "$seeds"
+    --wire "fp32,${TEXTLM_WIRES:-int4,int8,bf16-hook}" --seed "$seeds"
   step textlm_fsdp ${TEXTLM_FSDP_S:-480} "${L[@]}" --json "$W/textlm_fsdp.json" \
     --wire "${TEXTLM_FSDP_MODES:-hsdp-nccl,hsdp-int4,hsdp-int8,fsdp-nccl,fsdp-int4,fsdp-int8}" \
     --seed "${seeds%%,*}" --spread ""

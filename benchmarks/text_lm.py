@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ringreduce's machines and HSDP's replicas (emulate.py passes it)")
     p.add_argument("--wire", default="fp32",
                    help="comma-separated modes: fp32 (DDP's all-reduce), bf16-hook, a "
-                        "ringreduce wire (int8, int4, int4-plain, int8-rot, fp8, bf16), "
+                        "ringreduce wire (int8, int4, fp8, bf16), "
                         "fsdp-/hsdp- + nccl, exact or a wire")
     p.add_argument("--seed", default="0", help="comma-separated seeds of the --spread modes; "
                                                "the others run at the first")

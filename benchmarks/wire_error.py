@@ -5,11 +5,11 @@ each step every rank's flat gradient is all-reduced (AVG) four ways:
   exact     float64 all-reduce (the reference),
   fp32      ringreduce, float32 everywhere,
   rr-bf16 / rr-fp16   ringreduce with wire_dtype: only collect/diffuse are 16-bit,
-  rr-int8 / rr-fp8 / rr-int4 / rr-int4-plain   ringreduce with a quantized rail (one
-            fp32 scale per block of 256; int4 rotates each block, int4-plain does not:
-            quant.py; benchmarks/wire_study.py compares the variants), one call each, no
-            error feedback (feedback carries a call's error into
-            the next call of the same key; this measures one call),
+  rr-int8 / rr-fp8 / rr-int4   ringreduce with a quantized rail (one fp32 scale per
+            block of 256; int4 rotates each block: quant.py; benchmarks/wire_study.py
+            compares it with the variants not kept), one call each, no error feedback
+            (feedback carries a call's error into the next call of the same key; this
+            measures one call),
   hook-bf16 what torch's bf16_compress_hook does: cast to bf16, divide, all-reduce in
             bf16 (every hop), cast back,
 and the relative L2 error and the largest relative element error against the
@@ -54,8 +54,7 @@ def worker(launch: object, device: torch.device) -> dict[str, list[tuple[float, 
                           nn.Linear(512, 10))
     comms = {name: ringreduce.Communicator(machines=2, min_bytes=0, wire=wire)
              for name, wire in (("fp32", None), ("rr-bf16", "bf16"), ("rr-fp16", "fp16"),
-                                ("rr-int8", "int8"), ("rr-fp8", "fp8"), ("rr-int4", "int4"),
-                                ("rr-int4-plain", "int4-plain"))}
+                                ("rr-int8", "int8"), ("rr-fp8", "fp8"), ("rr-int4", "int4"))}
     out: dict[str, list[tuple[float, float]]] = {name: [] for name in (*comms, "hook-bf16")}
     for step in range(STEPS):
         g = grads(model, rank, step)

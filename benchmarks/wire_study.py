@@ -8,7 +8,8 @@ over each machine's D devices into the machine's partial (the intra-machine
 reduce-scatter), then through compressed.py's own steps: every partial quantized
 (collect), dequantized and summed in fp32 in machine order, requantized (diffuse),
 dequantized (rotated wires: rotated back), exactly as a rank computes them (``Codec``:
-the torch ops, or native/quant.cu's kernels on CUDA with cupy). The reference is the
+the torch ops, or native/quant.cu's kernels on CUDA with cupy for the wires; study-only
+variants always take the torch ops). The reference is the
 fp64 sum of the M*D gradients. Error feedback is off: this is one call.
 
 Workloads (benchmarks/workloads): ``dlrm`` (embedding tables and MLPs, its teacher's
@@ -45,13 +46,17 @@ from ringreduce.execution import compressed, kernels, quant
 
 VARIANTS = {
     "int8": quant.FORMATS["int8"],
-    "int8-rot": quant.FORMATS["int8-rot"],
-    "int4-plain": quant.FORMATS["int4-plain"],  # uniform -7..7, the 4-bit wire before
+    "int8-rot": quant.Format("int8-rot", 127.0, 8, "int8", rotated=True),
+    # Uniform -7..7 (of -8..7: zero exact, equal steps both signs), the 4-bit wire before
+    # rotation.
+    "int4-plain": quant.Format("int4-plain", 7.0, 4, "int4"),
     "int4-rot": quant.Format("int4-rot", 7.0, 4, "int4", rotated=True),
     "gauss4": quant.Format("gauss4", 1.0, 4, "gauss4"),
     "int4": quant.FORMATS["int4"],  # gauss4 levels on rotated blocks: the default
 }
-"""Every variant measured: the wires (quant.FORMATS) and those the study did not keep."""
+"""Every variant measured, under the study table's names: the wires (quant.FORMATS) and
+study-only variants, no wires (benchmarks/results/2026-11-28-cpu-wire-study: the study
+and the training runs kept int8 unrotated and int4 rotated at Gaussian levels)."""
 WIRES = tuple(VARIANTS)
 BLOCKS = (256, 128, 64)
 
@@ -152,9 +157,17 @@ def measure(grads: list[torch.Tensor], machines: int, wires: tuple[str, ...],
     parts = torch.stack([
         sum(grads[m * devices + d] for d in range(1, devices)) + grads[m * devices]
         if devices > 1 else grads[m * devices] for m in range(machines)])
-    return {(wire, block): rel_l2(one_call(parts, VARIANTS[wire], block, kernels_,
+    return {(wire, block): rel_l2(one_call(parts, VARIANTS[wire], block,
+                                           _kernels_for(VARIANTS[wire], kernels_),
                                            len(grads)), exact)
             for wire in wires for block in blocks}
+
+
+def _kernels_for(fmt: quant.Format, kernels_: Any) -> Any:
+    """The kernels for a wire (tests/test_gpu_quant_kernels.py holds them bit-identical
+    to the torch ops for quant.FORMATS), None (the torch ops) for a study-only variant,
+    which no kernel test covers."""
+    return kernels_ if fmt in quant.FORMATS.values() else None
 
 
 def bytes_per_value(wire: str, block: int) -> float:

@@ -69,10 +69,10 @@ ISSUERS = ("native", "python")
 WIRE_DTYPES = ("bfloat16", "float16")
 #: Every wire format (Config.wire): the 16-bit ones by their short names, then the
 #: block-quantized ones (execution/quant.py).
-WIRES = ("bf16", "fp16", "int8", "fp8", "int4", "int4-plain", "int8-rot")
+WIRES = ("bf16", "fp16", "int8", "fp8", "int4")
 #: The quantized wires that rotate each block (execution/quant.py): their wire_block
 #: must be a power of two.
-ROTATED_WIRES = ("int4", "int8-rot")
+ROTATED_WIRES = ("int4",)
 #: wire_dtype's names -> wire's (wire_dtype is wire's older spelling for 16 bits).
 WIRE_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
 
@@ -138,21 +138,19 @@ class Config:
     """The network hop's format (``RINGREDUCE_WIRE``): ``"bf16"``/``"fp16"`` (float32
     tensors, pipelined: collect and diffuse in 16 bits, every reduced element rounded once
     alike on every machine), or ``"int8"``, ``"fp8"`` (e4m3), ``"int4"`` (each block
-    rotated by a randomized Hadamard transform, then 4-bit codes at Gaussian levels),
-    ``"int4-plain"`` (uniform 4-bit steps, unrotated), ``"int8-rot"`` (int8 on rotated
-    blocks): float32 and 16-bit tensors of SUM
-    and AVG calls cross the rail quantized in blocks of ``wire_block`` elements
-    (execution/compressed.py, quant.py), fp32 elsewhere; every rank ends with identical
-    values. MAX/MIN, other dtypes and the flat route keep the tensor's format. ``None``:
-    the tensor's dtype. A call may override it (``wire=``). The
+    rotated by a randomized Hadamard transform, then 4-bit codes at Gaussian levels;
+    benchmarks/wire_study.py's one-call error and training picked these two): float32
+    and 16-bit tensors of SUM and AVG calls cross the rail quantized in blocks of
+    ``wire_block`` elements (execution/compressed.py, quant.py), fp32 elsewhere; every
+    rank ends with identical values. MAX/MIN, other dtypes and the flat route keep the
+    tensor's format. ``None``: the tensor's dtype. A call may override it (``wire=``). The
     "ringreduce" backend's engine takes none (its all-reduces stay exact: a user's
     metrics reach it too; integrations/backend.py); compress DDP's gradients with
     ``ringreduce.ddp.apply(model, wire=...)``."""
 
     wire_block: int = DEFAULT_WIRE_BLOCK
     """Elements per quantization block of the 8- and 4-bit wires (``RINGREDUCE_WIRE_BLOCK``;
-    a multiple of 8, a power of two for the wires that rotate each block: ``"int4"``,
-    ``"int8-rot"``);
+    a multiple of 8, a power of two for the wire that rotates each block, ``"int4"``);
     DEFAULT_WIRE_BLOCK says why 256."""
 
     hook_feedback: bool = True

@@ -164,8 +164,8 @@ class Communicator(Calls):
         synchronous call makes the caller's current stream wait (the host does not),
         and an async call's Future is CUDA-aware: ``wait()`` syncs streams only.
 
-        ``wire``: this call's network format, ``"int8"``, ``"fp8"``, ``"int4"`` or
-        ``"int4-plain"`` (Config.wire says what each is; None:
+        ``wire``: this call's network format, ``"int8"``, ``"fp8"`` or ``"int4"``
+        (Config.wire says what each is; None:
         the communicator's, Config.wire). ``feedback``: a key under which the
         quantization error is kept and added to the next call with the same key
         (execution/compressed.py; ``reset_feedback`` forgets it); it needs an 8- or
@@ -307,7 +307,7 @@ class Communicator(Calls):
         input (collectives.py says why), NCCL's (gloo's) own otherwise. Futures
         complete with ``output``, as all_reduce's do.
 
-        ``wire``: ``"int8"``, ``"fp8"``, ``"int4"`` or ``"int4-plain"`` quantizes the rail
+        ``wire``: ``"int8"``, ``"fp8"`` or ``"int4"`` quantizes the rail
         hop of a SUM or AVG of float tensors at M > 1 (execution/compressed_scatter.py; a
         shard has one owner, which keeps its own machine's partial exact); only per call, the
         communicator's ``Config.wire`` does not apply here. ``feedback``: a key for error

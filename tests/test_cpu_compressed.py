@@ -13,6 +13,7 @@ writes the measured table there.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -29,6 +30,9 @@ from .compressed import (
     non_finite,
 )
 from .multiproc import run_test_ranks
+
+DELETED_VARIANTS = ("int4-plain", "int8-rot")
+"""Wires until the study and the training runs picked int4 and int8 (quant.FORMATS)."""
 
 
 def _compressed_worker(rank: int, world: int, machines: int, report: str) -> None:
@@ -74,6 +78,9 @@ def _bad_arguments(comm: ringreduce.Communicator, rank: int, world: int) -> None
         ({"feedback": "k"}, ValueError, r"feedback='k' needs an 8- or 4-bit wire"),
         ({"wire": "int8", "feedback": 3}, TypeError, r"must be a str key"),
         ({"wire": "int8", "op": dist.ReduceOp.MAX}, ValueError, r"carries SUM and AVG"),
+        *(({"wire": name}, ValueError,
+           rf"wire='{name}' is not a per-call wire format; use one of \('int8', 'fp8', 'int4'\)")
+          for name in DELETED_VARIANTS),
     ]
     before = comm.op_number
     for kwargs, exc, pattern in cases:
@@ -110,6 +117,28 @@ def test_ddp_hook_with_int8_trains_and_stays_identical() -> None:
 
 
 # --- no processes --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", DELETED_VARIANTS)
+def test_variants_the_study_did_not_keep_are_no_wires(name: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/wire_study.py's unrotated uniform int4 and rotated int8 lost to the
+    wires (int4 rotated at Gaussian levels, int8 unrotated): a user naming one gets the
+    ValueError that lists the wires, from the constructor, RINGREDUCE_WIRE and FSDP2's
+    reduce-scatter (a per-call wire=: _bad_arguments)."""
+    from ringreduce.fsdp import RingReduceScatter
+
+    wires = ("bf16", "fp16", "int8", "fp8", "int4")
+    assert wires == ringreduce.config.WIRES and wires[2:] == tuple(quant.FORMATS)
+    refused = re.escape(f"wire={name!r} is not supported; use one of {wires} or None")
+    with pytest.raises(ValueError, match=refused):
+        ringreduce.Config(wire=name)
+    monkeypatch.setenv("RINGREDUCE_WIRE", name)
+    with pytest.raises(ValueError, match=refused):
+        ringreduce.Config.from_env()
+    with pytest.raises(ValueError, match=re.escape(f"wire={name!r} is not a quantized wire "
+                                                   f"format; use one of {wires[2:]}")):
+        RingReduceScatter(None, wire=name)
+
 
 def test_config_wire_names_and_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ringreduce.Config(wire_dtype="bfloat16").wire == "bf16"

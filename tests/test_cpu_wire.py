@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 import ringreduce
+from ringreduce.execution import quant
 
 from .cases import DTYPES, OPS, sweep
 from .multiproc import run_test_ranks
@@ -81,8 +82,6 @@ def _hadamard(block: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("block", [8, 64, 128, 256])
 def test_rotation_is_a_randomized_hadamard_transform(block: int) -> None:
-    from ringreduce.execution import quant
-
     g = torch.Generator().manual_seed(block)
     x = torch.randn(3, 5 * block, generator=g) * torch.logspace(-3, 3, 5 * block)
     forward, back = quant.signs(block, CPU)
@@ -100,20 +99,20 @@ def test_rotation_is_a_randomized_hadamard_transform(block: int) -> None:
 
 
 def test_rotation_signs_differ_by_block() -> None:
-    from ringreduce.execution import quant
-
     s64, s128 = (torch.sign(quant.signs(b, CPU)[0]) for b in (64, 128))
     assert not torch.equal(s64, s128[:64])
 
 
-def _one_call(parts: torch.Tensor, wire: str, block: int) -> torch.Tensor:
+def _one_call(parts: torch.Tensor, wire: str | quant.Format, block: int) -> torch.Tensor:
     """compressed.py's collect quantization, add, requantization and dequantization of
-    M machines' partials (M, k), torch ops: what every rank ends with."""
+    M machines' partials (M, k), torch ops: what every rank ends with. ``wire``: a
+    wire's name, or a study-only format."""
     from types import SimpleNamespace
 
-    from ringreduce.execution import compressed, quant
+    from ringreduce.execution import compressed
 
-    codec = compressed.Codec(quant.FORMATS[wire], block, None, CPU)
+    fmt = quant.FORMATS[wire] if isinstance(wire, str) else wire
+    codec = compressed.Codec(fmt, block, None, CPU)
     got = codec.packed(*parts.shape)
     codec.quantize(parts.clone(), got, None)
     sent = compressed._add(got, got, codec, None, 0)
@@ -123,22 +122,22 @@ def _one_call(parts: torch.Tensor, wire: str, block: int) -> torch.Tensor:
 
 def test_rotated_int4_beats_the_plain_one_on_outlier_blocks() -> None:
     """Gradient-like blocks: a Gaussian bulk and one value 20 times out per block. The
-    plain wire's step is set by the outlier; the rotated one spreads it."""
+    plain 4-bit steps (the study's unrotated uniform variant, no wire) are set by the
+    outlier; the rotated wire spreads it."""
     g = torch.Generator().manual_seed(0)
     parts = torch.randn(2, 64 * 256, generator=g)
     parts.view(2, 64, 256)[:, :, 7] *= 20
     exact = parts.double().sum(0)
-    err = {wire: ((_one_call(parts, wire, 256).double() - exact).norm() / exact.norm()).item()
-           for wire in ("int4", "int4-plain")}
-    assert err["int4"] < 0.6 * err["int4-plain"], err
+    uniform = quant.Format("uniform4", 7.0, 4, "int4")  # benchmarks/wire_study.py's
+    err = {fmt: ((_one_call(parts, fmt, 256).double() - exact).norm() / exact.norm()).item()
+           for fmt in ("int4", uniform)}
+    assert err["int4"] < 0.6 * err[uniform], err
     assert err["int4"] < 0.13, err
 
 
 def test_gauss4_levels_are_exact_and_ties_go_down() -> None:
     """quant.quantize's gauss4 codes, unrotated (the rotation is tested above): a block
     whose max-abs is 1 (scale 1) holding each level, each tie, and negatives."""
-    from ringreduce.execution import quant
-
     fmt, block = quant.Format("gauss4", 1.0, 4, "gauss4"), 16
     levels = torch.tensor(quant.GAUSS4_LEVELS, dtype=torch.float32) / quant.GAUSS4_DENOMINATOR
     ties = torch.tensor(quant.GAUSS4_THRESHOLDS, dtype=torch.float32) / 2048
@@ -169,10 +168,10 @@ def test_rotated_wire_keeps_zeros_and_non_finite_blocks() -> None:
 
 
 def test_rotated_wire_needs_a_power_of_two_block() -> None:
-    from ringreduce.execution import compressed, quant
+    from ringreduce.execution import compressed
 
     with pytest.raises(ValueError, match="wire_block=24 must be a power of two; use 32"):
         ringreduce.Config(wire="int4", wire_block=24)
-    assert ringreduce.Config(wire="int4-plain", wire_block=24).wire_block == 24
+    assert ringreduce.Config(wire="int8", wire_block=24).wire_block == 24  # unrotated
     with pytest.raises(ValueError, match="wire_block=24 must be a power of two >= 8; use 32"):
         compressed.Codec(quant.FORMATS["int4"], 24, None, CPU)

@@ -66,7 +66,7 @@ def test_modes_parse_to_ddp_hooks_and_fsdp_routes() -> None:
     with the names that work."""
     assert text_report.parse_mode("fp32") == LmMode("fp32")
     assert text_report.parse_mode("bf16-hook") == LmMode("bf16-hook")
-    assert text_report.parse_mode("int4-plain") == LmMode("int4-plain", wire="int4-plain")
+    assert text_report.parse_mode("int4") == LmMode("int4", wire="int4")
     assert text_report.parse_mode("fsdp-nccl").fsdp == Mode(hsdp=False, ringreduce=False)
     assert text_report.parse_mode("hsdp-exact").fsdp == Mode(hsdp=True, ringreduce=True)
     hsdp4 = text_report.parse_mode("hsdp-int4")
@@ -74,7 +74,8 @@ def test_modes_parse_to_ddp_hooks_and_fsdp_routes() -> None:
     assert hsdp4.baseline == "hsdp-nccl"
     assert text_report.parse_mode("fsdp-int8").baseline == "fsdp-nccl"
     assert text_report.parse_mode("int8").baseline == "fp32"
-    for bad in ("int3", "fsdp", "fsdp-int3", "ddp-int8", "bf16hook"):
+    for bad in ("int3", "fsdp", "fsdp-int3", "ddp-int8", "bf16hook", "int4-plain", "int8-rot",
+                "hsdp-int8-rot"):
         with pytest.raises(ValueError, match="fsdp-/hsdp-"):
             text_report.parse_mode(bad)
 

@@ -20,7 +20,7 @@ Modes (``--modes``, run one after another in one process lifetime):
   nccl     plain DDP on the process group's own backend (NCCL; gloo with --device cpu)
   hook     DDP + ``register_comm_hook(ringreduce.Communicator(...), ringreduce.ddp_hook)``
            (the wire from RINGREDUCE_WIRE; ``hook-<wire>`` for every wire: ``hook-int8``,
-           ``hook-int4``, ``hook-int4-plain``, ..., run when asked for: that wire, so
+           ``hook-int4``, ``hook-fp8``, ``hook-bf16``, run when asked for: that wire, so
            formats compare in one process set)
   backend  DDP on a process group of the "ringreduce" backend, no hook
 Run only when asked for, torch's own comm hooks on the NCCL (gloo) group, what a user

@@ -31,8 +31,7 @@ TORCH_HOOKS: dict[str, Callable[[dist.ProcessGroup, dist.GradBucket], Any]] = {
     "fp16-hook": default_hooks.fp16_compress_hook,
 }
 """torch's stateless hooks, each on the plain group."""
-WIRE_HOOKS = {f"hook-{wire}": wire for wire in (
-    "int8", "fp8", "int4", "bf16", "int4-plain", "int8-rot")}
+WIRE_HOOKS = {f"hook-{wire}": wire for wire in ("int8", "fp8", "int4", "bf16")}
 """ringreduce's hook with that wire (Communicator(wire=...)), so that formats compare
 within one process set; plain ``hook`` takes RINGREDUCE_WIRE (the default: none)."""
 EXTRA_MODES = (*TORCH_HOOKS, "powersgd", *WIRE_HOOKS)

@@ -20,7 +20,7 @@ DTYPES = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloa
 WIRES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 #: The quantized wires (execution/quant.py FORMATS): blocks of 8 or 4 bits and a scale,
 #: on ringreduce's compressed route; NCCL has no such all-reduce to compare with.
-QUANTIZED_WIRES = ("int8", "fp8", "int4", "int4-plain", "int8-rot")
+QUANTIZED_WIRES = ("int8", "fp8", "int4")
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
 #: CPU defaults. 4 gloo ranks on 2 cores take ~10-40 ms per MiB-sized call, so the

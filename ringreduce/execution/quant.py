@@ -1,17 +1,20 @@
-"""Block-quantized wire formats of the network hop: int8, fp8 (e4m3), int4 (rotated,
-at Gaussian levels) and int4-plain.
+"""Block-quantized wire formats of the network hop: int8, fp8 (e4m3) and int4 (rotated,
+at Gaussian levels).
 
 A row of ``k`` fp32 values (``k`` a multiple of the block) travels as one uint8 row:
 ``k / block`` fp32 scales, then the payload (``k`` bytes for int8 and fp8, ``k / 2`` for
 the 4-bit ones, two values a byte, the even element in the low nibble). Per block,
 symmetric:
 
-    scale = max|x| / QMAX            (QMAX: 127 int8, 448 e4m3, 7 int4-plain, 1 gauss4)
+    scale = max|x| / QMAX            (QMAX: 127 int8, 448 e4m3, 1 gauss4; 7 uniform int4)
     q     = round(x / scale)         clamped to [-QMAX, QMAX] (fp8: rounded by the cast;
                                      gauss4: the nearest of 15 levels, GAUSS4_LEVELS)
     x'    = value(q) * scale         (fp32)
 
-int4 is gauss4 on rotated blocks (below); int4-plain the uniform -7..7 of its step.
+The int4 wire is gauss4 on rotated blocks (below). ``Format`` also takes the uniform
+-7..7 int4 encoding, and rotation with any encoding: benchmarks/wire_study.py measures
+such variants (unrotated uniform int4, rotated int8, ...) against the wires; FORMATS
+holds only the wires, the variants the study and training kept.
 
 Rules the route relies on (compressed.py):
   * a block of zeros has scale 0 and comes back as zeros (the division is guarded);
@@ -79,7 +82,8 @@ class Format:
     bits: int
     """Payload bits per element."""
     encoding: str = ""
-    """How a value is coded: "int8", "fp8", "int4" or "gauss4" (default: ``name``)."""
+    """How a value is coded: "int8", "fp8", "gauss4" or "int4" (uniform -7..7 of the
+    step: study variants only, benchmarks/wire_study.py) (default: ``name``)."""
     rotated: bool = False
     """Blocks cross randomized-Hadamard rotated (module docstring): ``block`` must be a
     power of two."""
@@ -128,17 +132,13 @@ FORMATS = {
     "fp8": Format("fp8", 448.0, 8),
     # Rotated, at Gaussian levels: benchmarks/wire_study.py measured one call on real
     # gradients (DLRM, two decoders, 2 x 2, blocks of 256) at 0.120-0.128 relative L2
-    # where the uniform int4 below gave 0.149-0.204, rotation alone 0.142-0.154 and
-    # Gaussian levels alone 0.121-0.163, for the same bytes.
+    # where uniform unrotated int4 (-7..7) gave 0.149-0.204, rotation alone 0.142-0.154
+    # and Gaussian levels alone 0.121-0.163, for the same bytes.
     "int4": Format("int4", 1.0, 4, "gauss4", rotated=True),
-    # Symmetric -7..7 (of -8..7): zero stays exact and the two signs have equal steps.
-    # The 4-bit wire before rotation, kept until training runs compare the two.
-    "int4-plain": Format("int4-plain", 7.0, 4, "int4"),
-    # int8 on rotated blocks: 8.2e-3-9.1e-3 where int8 gave 9.2e-3-1.3e-2 (the same
-    # study); int8 stays unrotated until the GPU's kernel bandwidth and training say
-    # whether the transform costs it speed.
-    "int8-rot": Format("int8-rot", 127.0, 8, "int8", rotated=True),
 }
+"""The quantized wires (config.WIRES' 8- and 4-bit ones). int8 stays unrotated: rotated
+int8's lower one-call error (8.2e-3-9.1e-3 against 9.2e-3-1.3e-2, the same study) did
+not show in training, where int8 was as fast or faster at fp32's loss."""
 
 
 def quantize(x: torch.Tensor, fmt: Format, block: int, out: torch.Tensor) -> None:

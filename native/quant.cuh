@@ -22,12 +22,12 @@
 // VEC: vector loads and stores (16-byte fp32 chunks, 4-byte int8/fp8 and 2-byte int4
 // payload chunks), when every pointer is aligned for them; else the same element order
 // in scalar accesses.
-// FMT: 0 int8, 1 fp8 (e4m3), 2 int4, 3 gauss4 (4-bit codes at Gaussian levels).
+// FMT: 0 int8, 1 fp8 (e4m3), 3 gauss4 (4-bit codes at Gaussian levels; 2 was the uniform
+// int4 steps, which the wire study did not keep).
 
 template <int FMT> struct QuantWire;
 template <> struct QuantWire<0> { static constexpr float qmax = 127.0f; static constexpr int bits = 8; };
 template <> struct QuantWire<1> { static constexpr float qmax = 448.0f; static constexpr int bits = 8; };
-template <> struct QuantWire<2> { static constexpr float qmax = 7.0f; static constexpr int bits = 4; };
 template <> struct QuantWire<3> { static constexpr float qmax = 1.0f; static constexpr int bits = 4; };
 
 
@@ -154,7 +154,7 @@ __device__ __forceinline__ unsigned encode(float v, float scale, bool usable) {
         return static_cast<unsigned>(gauss4_code(y)) & 0xfu;
     } else {
         const int q = __float2int_rn(y);  // rint: ties to even, as torch.round
-        return static_cast<unsigned>(q) & (FMT == 2 ? 0xfu : 0xffu);
+        return static_cast<unsigned>(q) & 0xffu;
     }
 }
 
@@ -162,7 +162,6 @@ __device__ __forceinline__ unsigned encode(float v, float scale, bool usable) {
 template <int FMT>
 __device__ __forceinline__ float decode(unsigned code) {
     if constexpr (FMT == 1) return e4m3_value(code);
-    else if constexpr (FMT == 2) return static_cast<float>(static_cast<int>(code << 28) >> 28);
     else if constexpr (FMT == 3) return rr_gauss4_levels[code];
     else return static_cast<float>(static_cast<signed char>(code));
 }

@@ -64,7 +64,7 @@ _SOURCES = {"add.cu": ("numeric.cuh", "add.cu"), "wire.cu": ("numeric.cuh", "wir
 
 #: Block-quantized wire encodings (execution/quant.py Format.encoding) -> FMT of
 #: native/quant.cu.
-_QUANT = {"int8": 0, "fp8": 1, "int4": 2, "gauss4": 3}
+_QUANT = {"int8": 0, "fp8": 1, "gauss4": 3}
 #: Element types a quantize reads and a dequantize writes.
 _QUANT_TYPES = {torch.float32: "float", torch.float16: "half_t", torch.bfloat16: "bf16_t"}
 #: quant.cu keeps a lane's share of a block in registers: E = block / lanes values, at

@@ -13,6 +13,7 @@ from ringreduce.plan import slicing
 
 from .cases import count_stage_calls, interleaved, sizes_for, sweep
 from .multiproc import run_test_ranks
+from .probe_spy import probed_as_training_issues
 
 CPU = torch.device("cpu")
 TOPOLOGIES = [(2, 2), (1, 4), (4, 1), (3, 2), (2, 3)]  # (machines, devices per machine)
@@ -292,3 +293,16 @@ def _probe_choice_worker(rank: int, world: int) -> None:
 
 def test_each_call_takes_the_route_chosen_for_its_size() -> None:
     run_test_ranks(_probe_choice_worker, 4)
+
+
+def _probe_timing_worker(rank: int, world: int, wire: str | None) -> None:
+    """The construction probe (CUDA only in a Communicator) run here on gloo, at sizes
+    scaled down for it: its calls have training's shape (probe_spy.py)."""
+    with ringreduce.Communicator(machines=2, min_bytes=0, wire=wire) as comm:
+        probed_as_training_issues(comm, (4096, 16384))
+
+
+@pytest.mark.parametrize("wire", [None, "int8"])
+def test_the_probe_times_calls_queued_asynchronously_as_training_issues_them(
+        wire: str | None) -> None:
+    run_test_ranks(_probe_timing_worker, 4, wire)

@@ -18,6 +18,7 @@ from ringreduce.plan import slicing
 from .cases import rank_input
 from .gpu import GPU_MARKS, GPUS, gpu_env
 from .multiproc import run_test_ranks
+from .probe_spy import probed_as_training_issues
 
 pytestmark = [*GPU_MARKS, pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs (2 x 2)")]
 
@@ -103,6 +104,21 @@ def _wire_worker(rank: int, world: int) -> None:
 
 def test_gpu_a_lossy_wire_is_taken_only_where_the_probe_found_it_faster() -> None:
     run_test_ranks(_wire_worker, 4, backend="nccl", env=gpu_env(2, 2), timeout=300)
+
+
+def _timing_shape_worker(rank: int, world: int) -> None:
+    """The probe's calls on CUDA have training's shape (probe_spy.py), with and without
+    a wire, and its tensors are given back: nothing it made stays allocated."""
+    for wire in (None, "int8"):
+        with ringreduce.Communicator(wire=wire) as comm:
+            before = torch.cuda.memory_allocated()
+            probed_as_training_issues(comm)
+            kept = torch.cuda.memory_allocated() - before
+            assert kept < slicing.PROBE_BYTES, kept  # not one of its PROBE_ROUNDS tensors
+
+
+def test_gpu_the_probe_times_calls_queued_as_training_issues_them() -> None:
+    run_test_ranks(_timing_shape_worker, 4, backend="nccl", env=gpu_env(2, 2), timeout=300)
 
 
 def _given_worker(rank: int, world: int) -> None:

@@ -422,7 +422,11 @@ def test_the_probes_sizes_and_calls() -> None:
     assert slicing.probe_sizes(1 * MiB) == (4 * MiB, 16 * MiB)
     assert slicing.probe_sizes(8 * MiB) == (8 * MiB, 16 * MiB)
     assert slicing.probe_sizes(32 * MiB) == (32 * MiB,)
-    per_route = slicing.PROBE_WARMUP + slicing.PROBE_PASSES * slicing.PROBE_ROUNDS
+    # a route's warm-up right before each of its passes, then a pass's queued calls
+    per_route = slicing.PROBE_WARMUP + (slicing.PROBE_PASSES - 1) * slicing.PROBE_REWARM + \
+        slicing.PROBE_PASSES * slicing.PROBE_ROUNDS
+    assert slicing.probe_calls_per_route() == per_route
+    assert slicing.PROBE_ROUNDS > 1 and slicing.PROBE_REWARM >= 1  # calls queue; links woken
     # flat, one slice, two-level, the pipeline; and the wire
     assert slicing.probe_calls(1 * MiB, False) == 2 * 4 * per_route
     assert slicing.probe_calls(32 * MiB, True) == 1 * 5 * per_route

@@ -12,7 +12,8 @@ model prices neither NCCL's flat route nor the 4 MiB probe here)::
 
 ``probe_us`` is what the probe's clock sees: from the device end of its
 ``PROBE_WARMUP`` calls to the end of its ``PROBE_ROUNDS`` timed ones, per timed call,
-issued back to back (the host never waits between them). Without a probe, as the engine:
+queued back to back (asynchronous, each on its own tensor: the host never waits between
+them). Without a probe, as the engine:
 one machine (the flat route), a plan given (``--plan``), one GPU a machine (the rail's
 all-reduce is the call); and a 16-bit wire, which sends float32 through the pipeline
 whatever the probe chose (execution/issue.py).

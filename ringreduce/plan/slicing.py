@@ -73,10 +73,18 @@ fill and drain, a slice's host cost) and the best route can differ from 16 MiB's
 LARGEST_PROBE_BYTES = 256 << 20
 """Above this ``min_bytes`` the probe is not run (the pipeline is taken)."""
 PROBE_WARMUP = 2
-"""Untimed calls per route and size before any timed one (connections, the native
-issuer's trace)."""
-PROBE_ROUNDS = 3
-"""Timed calls per route, size and pass."""
+"""Untimed calls per route and size right before its first timed pass: the first goes
+through the Python issuer (connections, kernels loading), the second is traced by the
+native issuer; only replays are timed."""
+PROBE_REWARM = 1
+"""Untimed calls per route and size right before each later pass: its connections idled
+while the other routes were timed, and a call that wakes them is not one training makes."""
+PROBE_ROUNDS = 4
+"""Timed calls per route, size and pass: queued back to back asynchronously, each on a
+tensor of its own, then waited for together, as DDP issues its buckets (calls on one
+tensor would wait for each other); a pass's time per call is its window over them. So a
+route that wins one call alone but loses when calls queue behind each other (the
+pipeline's streams shared by the next call's slices) is timed as training runs it."""
 PROBE_PASSES = 2
 """The routes are timed in turn, this many passes each, and each route's fastest pass
 counts, so that none pays alone for what warms up or disturbs the link while the probe
@@ -233,8 +241,12 @@ def probe_routes(lossy: bool) -> tuple[str, ...]:
 
 def probe_calls(min_bytes: int, lossy: bool) -> int:
     """How many calls the probe makes (numbered before the user's)."""
-    return len(probe_sizes(min_bytes)) * len(probe_routes(lossy)) * \
-        (PROBE_WARMUP + PROBE_PASSES * PROBE_ROUNDS)
+    return len(probe_sizes(min_bytes)) * len(probe_routes(lossy)) * probe_calls_per_route()
+
+
+def probe_calls_per_route() -> int:
+    """One route's calls at one size: its warm-up before each pass and its timed ones."""
+    return PROBE_WARMUP + (PROBE_PASSES - 1) * PROBE_REWARM + PROBE_PASSES * PROBE_ROUNDS
 
 
 def probe_bytes(min_bytes: int) -> int:

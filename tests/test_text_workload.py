@@ -114,6 +114,9 @@ def test_table_places_each_run_against_fp32s_seed_spread() -> None:
     assert barely[-1].split()[2:8] == ["1.0200", "+3.0e-07", "above", "1.2800", "-2.0e-06",
                                        "below"]
     assert text_report.table(runs[3:])[0].endswith("train-last-100 -, valid -")
+    # an older run's mode that is no mode any more (a deleted wire) still gets its row
+    merged = text_report.table([*runs[:3], run("int4-plain", 0, 1.0, 1.3, 330)])
+    assert merged[-1].split()[:3] == ["int4-plain", "0", "1.0000"], merged
 
 
 @pytest.mark.slow  # seven trainings in 4 spawned gloo ranks: ~20 s on 2 busy cores

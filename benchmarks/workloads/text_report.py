@@ -112,8 +112,7 @@ def table(runs: Sequence[dict[str, Any]]) -> list[str]:
              f"{'identical':>9}"]
     fp32, bf16 = mean_speed(runs, REFERENCE), mean_speed(runs, BF16_HOOK)
     for r in runs:
-        mode = parse_mode(r["mode"])
-        own = mean_speed(runs, mode.baseline) if mode.fsdp is not None else None
+        own = _own_speed(runs, r["mode"])
         ident = "n/a" if r["identical"] is None else str(r["identical"])
         lines.append(
             f"{r['mode']:>12} {r['seed']:>4} {r['train_last']:>8.4f} "
@@ -122,6 +121,17 @@ def table(runs: Sequence[dict[str, Any]]) -> list[str]:
             f"{ratio(r['samples_per_s'], fp32):>6} {ratio(r['samples_per_s'], bf16):>7} "
             f"{ratio(r['samples_per_s'], own):>6} {ident:>9}")
     return lines
+
+
+def _own_speed(runs: Sequence[dict[str, Any]], name: str) -> float | None:
+    """The mean samples/s of ``name``'s baseline (FSDP2/HSDP modes); None for the others,
+    and for a mode of an older run that is no mode any more (a deleted wire's: its row
+    still shows in a merged table)."""
+    try:
+        mode = parse_mode(name)
+    except ValueError:
+        return None
+    return mean_speed(runs, mode.baseline) if mode.fsdp is not None else None
 
 
 def _bounds(b: tuple[float, float] | None) -> str:

@@ -508,7 +508,7 @@ wire)
   step quant_bench ${BENCH_S:-100} python3 benchmarks/quant_bench.py
   step wire_study ${STUDY_S:-120} python3 benchmarks/wire_study.py --device cuda --big --no-kernels \
     --warm ${STUDY_WARM:-50}
-  { pytest_summary "$W/quant_kernel_tests.log"; tail -34 "$W/quant_bench.log"
+  { pytest_summary "$W/quant_kernel_tests.log"; tail -28 "$W/quant_bench.log"
     tail -20 "$W/wire_study.log"; } > "$W/summary_body.txt" ;;
 textlm)
   # Estimated at 2x2 capped (two ranks a GPU on 2 GPUs): fp32 moves ~77 MB across each

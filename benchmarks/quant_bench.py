@@ -23,7 +23,7 @@ import torch
 from ringreduce.defaults import DEFAULT_WIRE_BLOCK
 from ringreduce.execution import compressed, quant
 from ringreduce.execution.feedback import Errors
-from ringreduce.execution.kernels import DEQUANTIZE_VARIANT, Kernels
+from ringreduce.execution.kernels import Kernels
 
 MACHINES = 4
 VALUES = (64 << 20) // 4
@@ -92,24 +92,7 @@ def cases(kernels: Kernels, name: str, feedback: bool) -> dict[str, tuple[Callab
             lambda: compressed._unpack(packed, fused, "sum", torch.float32, ctx),  # type: ignore[arg-type]
             lambda: compressed._unpack(packed, ops, "sum", torch.float32, ctx),  # type: ignore[arg-type]
             MACHINES * row + VALUES * 4)
-        if fmt.rotated and block == 256:  # each rr_dequantize_rot256 variant (kernels.py)
-            for variant in (0, 1, 2):
-                found[f"dequant v{variant}"] = (
-                    _with_variant(kernels, variant, found["dequantize"][0]),
-                    found["dequantize"][1], found["dequantize"][2])
     return found
-
-
-def _with_variant(kernels: Kernels, variant: int,
-                  run: Callable[[], object]) -> Callable[[], object]:
-    """``run`` under DEQUANTIZE_VARIANT ``variant``, the default restored after."""
-    def timed_run() -> object:
-        kernels.dequantize_variant = variant
-        try:
-            return run()
-        finally:
-            kernels.dequantize_variant = DEQUANTIZE_VARIANT
-    return timed_run
 
 
 def main() -> None:

@@ -14,7 +14,6 @@ silent.
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +70,11 @@ _QUANT_TYPES = {torch.float32: "float", torch.float16: "half_t", torch.bfloat16:
 #: most 32 lanes (one warp, so the block's max is a shuffle reduction), in chunks of 4.
 _WARP = 32
 _CHUNK = 4
-#: How rotated 256-value blocks are dequantized (quant_bench toggles it, env
-#: RR_QUANT_VARIANT): 0 rr_dequantize (32 lanes a block, three shared-memory moves a
-#: value); 1 rr_dequantize_rot256 (16 lanes, one move), 4 thread blocks an SM; 2 the
-#: same at 6 an SM (its 39 registers fit 6 x 256 threads).
-DEQUANTIZE_VARIANT = int(os.environ.get("RR_QUANT_VARIANT", "1"))
-_ROT256_BLOCKS_PER_SM = {1: 4, 2: 6}
+#: Rotated 256-value blocks: rr_quantize_rot256 (without error feedback) and
+#: rr_dequantize_rot256, 16 lanes of 16 values a block, one shared-memory move a value
+#: (quant.cu); DEFAULT_BLOCKS_PER_SM (6 measured the same for the dequantize).
+_ROT256 = 256
+_ROT256_VALUES = 16
 
 
 def available() -> bool:
@@ -104,8 +102,6 @@ class Kernels:
         """A recorder (ringreduce.execution.native.Recorder): launches are written into a native
         program instead of run (a copy of this object records, see native.py)."""
         self._streams: dict[int, Any] = {}
-        self.dequantize_variant = DEQUANTIZE_VARIANT
-        """DEQUANTIZE_VARIANT, per object (quant_bench times each)."""
         self._sources = {name: "".join((source_dir() / part).read_text() for part in parts)
                          for name, parts in _SOURCES.items()}
 
@@ -131,10 +127,9 @@ class Kernels:
         return s
 
     def _launch(self, source: str, name: str, n: int, vec: int, element_size: int,
-                args: tuple[Any, ...], stream: int, per_sm: int | None = None) -> None:
+                args: tuple[Any, ...], stream: int) -> None:
         """One grid-stride launch over ``n`` elements, ``vec`` per thread per step."""
-        if per_sm is None:
-            per_sm = BLOCKS_PER_SM.get(element_size, DEFAULT_BLOCKS_PER_SM)
+        per_sm = BLOCKS_PER_SM.get(element_size, DEFAULT_BLOCKS_PER_SM)
         blocks = max(1, min(-(-n // (THREADS * vec)), per_sm * self._sms))
         fn = self._function(source, name)
         if self.emit is not None:
@@ -210,6 +205,13 @@ class Kernels:
         elems, lanes = _quant_shape(block)
         width = _CHUNK * x.element_size()
         vec = _aligned(k, _CHUNK, (x, width), (out, 4), *_also(residual, 16))
+        if rotate and block == _ROT256 and residual is None:
+            self._launch("quant.cu", f"rr_quantize_rot256<{_QUANT_TYPES[x.dtype]}, "
+                         f"{_QUANT[fmt.encoding]}, {_bool(vec)}>", rows * k, _ROT256_VALUES, 4,
+                         (np.uint64(x.data_ptr()), np.uint64(out.data_ptr()),
+                          np.int64(rows * k // block), np.int64(k // block), _inverse(fmt)),
+                         stream)
+            return
         self._launch("quant.cu", f"rr_quantize<{_QUANT_TYPES[x.dtype]}, "
                      f"{_QUANT[fmt.encoding]}, {elems}, {lanes}, {_bool(vec)}, {_bool(rotate)}>",
                      rows * k, elems, 4,
@@ -251,10 +253,10 @@ class Kernels:
         vec = _aligned(k, _CHUNK, (packed, 4), (out, _CHUNK * out.element_size()))
         args = (np.uint64(packed.data_ptr()), np.uint64(out.data_ptr()),
                 np.int64(rows * k // block), np.int64(k // block), np.float32(world_size))
-        if fmt.rotated and block == 256 and self.dequantize_variant in _ROT256_BLOCKS_PER_SM:
+        if fmt.rotated and block == _ROT256:
             self._launch("quant.cu", f"rr_dequantize_rot256<{_QUANT_TYPES[out.dtype]}, "
-                         f"{_QUANT[fmt.encoding]}, {_bool(vec)}>", rows * k, 16, 4, args,
-                         stream, _ROT256_BLOCKS_PER_SM[self.dequantize_variant])
+                         f"{_QUANT[fmt.encoding]}, {_bool(vec)}>", rows * k, _ROT256_VALUES,
+                         4, args, stream)
             return
         self._launch("quant.cu", f"rr_dequantize<{_QUANT_TYPES[out.dtype]}, "
                      f"{_QUANT[fmt.encoding]}, {elems}, {lanes}, {_bool(vec)}, "

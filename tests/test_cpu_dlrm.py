@@ -185,11 +185,14 @@ def test_transformer_command_line_runs() -> None:
     check_runs(report["runs"], 8)
     header, *rows = (line.split() for line in done.stdout.splitlines()
                      if line.startswith(("mode ", "nccl ", "hook ")))
-    assert header[-4:] == ["calls/step", "hook", "us", "med/mean"], done.stdout
+    assert header[-7:] == ["calls/step", "hook", "us", "med/mean", "last", "100", "valid"], \
+        done.stdout
     hook = report["runs"][1]
     per_step = hook["timed_engine_calls"] / hook["timed_steps"]
-    assert [row[-2] for row in rows] == ["-", f"{per_step:.4g}"], done.stdout
-    assert rows[0][-1] == "-" and len(hook["hook_us"]) == hook["timed_engine_calls"], done.stdout
+    assert [row[-4] for row in rows] == ["-", f"{per_step:.4g}"], done.stdout
+    assert rows[0][-3] == "-" and len(hook["hook_us"]) == hook["timed_engine_calls"], done.stdout
+    assert [float(row[-1]) for row in rows] == [
+        pytest.approx(r["validation"], abs=6e-6) for r in report["runs"][:2]], done.stdout
 
 
 POWERSGD_START = 4

@@ -1,5 +1,6 @@
-"""Training of a byte-level language model on natural text (benchmarks/workloads/text.py:
-the Python documentation CPython ships), fp32 against torch's bf16 hook and ringreduce's
+"""Training of a byte-level language model on natural text (benchmarks/workloads/text.py,
+``--corpus``: the standard library's docstrings, comments and documentation topics, or the
+topics alone, the corpus of earlier results), fp32 against torch's bf16 hook and ringreduce's
 wires in DDP, and FSDP2/HSDP on torch's collectives against ``ringreduce.fsdp.apply``.
 
 Every mode of ``--wire`` (workloads/text_report.py names them: ``fp32``, ``bf16-hook``,
@@ -67,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", default="0", help="comma-separated seeds of the --spread modes; "
                                                "the others run at the first")
     p.add_argument("--spread", default="fp32", help="modes run at every --seed")
+    p.add_argument("--corpus", choices=text.CORPORA, default=text.DEFAULT,
+                   help="stdlib: docstrings, comments and pydoc topics (~3.2 MB, ~1.4 epochs "
+                        "in 1000 steps of 4 x 8 x 128 bytes); topics: pydoc_data/topics.py "
+                        "alone (~0.47 MB), as earlier results")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--warmup", type=int, default=20, help="steps before the clock starts")
     p.add_argument("--batch", type=int, default=8, help="sequences per rank and step")
@@ -203,7 +208,7 @@ def _identical(model: nn.Module, device: torch.device) -> bool:
 
 
 def rank_main(args: argparse.Namespace, launch: Launch, device: torch.device) -> list[dict]:
-    corpus, runs, order = text.corpus(), [], plan(args)
+    corpus, runs, order = text.corpus(args.corpus), [], plan(args)
     meshes = None
     if any(m.fsdp is not None for m, _ in order):
         machines = fsdp_cli.machines(args, device.type == "cuda")

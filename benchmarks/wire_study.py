@@ -14,11 +14,12 @@ fp64 sum of the M*D gradients. Error feedback is off: this is one call.
 
 Workloads (benchmarks/workloads): ``dlrm`` (embedding tables and MLPs, its teacher's
 clicks), ``transformer`` (the Markov-source decoder) and ``text`` (a byte-level decoder
-on the Python documentation, workloads/text.py). Each model is trained ``--warm`` steps
-(Adam) on rank 0's batches first, so the gradients are those of a model that has
-learnt something; then ``--samples`` gradients a step apart are measured and the median
-error is reported. CPU shapes are small (minutes on 2 cores); ``--big`` takes the
-training runs' shapes (for a GPU).
+on the Python documentation: workloads/text.py's ``topics`` corpus, the one the
+committed study used). Each model is trained ``--warm`` steps (Adam) on rank 0's batches
+first, so the gradients are those of a model that has learnt something; then
+``--samples`` gradients a step apart are measured and the median error is reported.
+CPU shapes are small (minutes on 2 cores); ``--big`` takes the training runs' shapes
+(for a GPU).
 
     python benchmarks/wire_study.py                       # CPU, 2 x 2
     python benchmarks/wire_study.py --device cuda --big   # GPU: the kernels, full sizes
@@ -116,7 +117,7 @@ def transformer_grads(big: bool, device: torch.device, ranks: int, warm: int,
 def text_grads(big: bool, device: torch.device, ranks: int, warm: int, samples: int) -> Grads:
     spec = text.spec() if big else text.spec(width=128, layers=2, seq=64)
     batch = 16
-    data = text.corpus()
+    data = text.corpus("topics")
     model = text.build(spec, 0).to(device)
     train = text.batches(data.train, spec.seq, warm, batch, 0, 0, device)
     per_rank = [text.batches(data.train, spec.seq, samples, batch, 1, r, device)
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.machines} x {args.devices}, {args.warm} Adam steps first, median of "
           f"{args.samples} gradients; relative L2 error vs fp64; device {device}"
           f"{' (native/quant.cu kernels)' if kernels_ else ' (quant.py torch ops)'}; "
-          f"text: {text.corpus().describe()}")
+          f"text: {text.corpus('topics').describe()}")
     table: dict[str, dict[tuple[str, int], float]] = {}
     for name in args.workloads.split(","):
         begin = time.perf_counter()

@@ -1,14 +1,19 @@
-"""benchmarks/workloads/text.py: the natural-text corpus every CPython ships, split by
-document, its batches and its validation loss (CPU, no processes); the language-model
-benchmark's modes and table (workloads/text_report.py), and benchmarks/text_lm.py end to
-end in every kind of mode on 4 gloo ranks."""
+"""benchmarks/workloads/text.py: the natural-text corpora every CPython ships (its
+standard library's docstrings and comments, its documentation topics), split by document,
+their batches and the validation loss (CPU, no processes); the language-model benchmark's
+modes and table (workloads/text_report.py), and benchmarks/text_lm.py end to end in every
+kind of mode on 4 gloo ranks."""
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import io
 import json
 import math
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -24,24 +29,102 @@ REPO = Path(__file__).resolve().parent.parent
 LOSS_TOL = 1e-5
 
 
-def test_held_out_documents_are_whole_and_never_trained_on() -> None:
+STEPS_BYTES = 1000 * 4 * 8 * 129
+"""What text_lm.py's default run reads: 1000 steps, 4 ranks, 8 windows of 129 bytes."""
+
+
+@pytest.fixture(scope="module")
+def stdlib() -> text.Corpus:
+    return text.corpus("stdlib")
+
+
+@pytest.fixture(scope="module")
+def stdlib_docs() -> list[bytes]:
+    """A second build of the stdlib corpus' documents, from the files again."""
+    return text.stdlib_documents() + text.topic_documents()
+
+
+def _split(docs: list[bytes]) -> tuple[bytes, bytes]:
+    held = [d for i, d in enumerate(docs) if i % text.HELD_OUT == 0]
+    kept = [d for i, d in enumerate(docs) if i % text.HELD_OUT]
+    return text.SEPARATOR.join(kept), text.SEPARATOR.join(held)
+
+
+def test_topics_corpus_is_the_pydoc_topics_as_before() -> None:
+    """The corpus of earlier results: the topics sorted by name, every 8th held out, the
+    checksum over training, NUL, held-out bytes, as when those results were made."""
     from pydoc_data.topics import topics
 
-    corpus = text.corpus()
+    corpus = text.corpus("topics")
     names = sorted(topics)
-    held = [topics[n].encode() for i, n in enumerate(names) if i % text.HELD_OUT == 0]
-    train = bytes(corpus.train.numpy())
-    assert bytes(corpus.valid.numpy()) == text.SEPARATOR.join(held)
-    for doc in held:
+    docs = [topics[n].encode() for n in names]
+    train, valid = _split(docs)
+    assert bytes(corpus.train.numpy()) == train and bytes(corpus.valid.numpy()) == valid
+    assert corpus.checksum == hashlib.sha256(train + b"\0" + valid).hexdigest()
+    assert corpus.documents == len(names)
+    for doc in docs[::text.HELD_OUT]:
         assert doc not in train
-    total = sum(len(d.encode()) for d in topics.values())
-    sep = len(text.SEPARATOR) * (len(names) - 2)
-    assert corpus.train.numel() + corpus.valid.numel() == total + sep
-    assert 0.05 < corpus.valid.numel() / total < 0.2
 
 
-def test_batches_are_windows_of_the_text_per_seed_and_rank() -> None:
-    data = text.corpus().train
+def test_stdlib_held_out_documents_are_whole_and_never_trained_on(
+        stdlib: text.Corpus, stdlib_docs: list[bytes]) -> None:
+    """Modules (sorted by path) then topics, every 8th held out whole; a held-out
+    document is in the training text only where another module has the same text (one
+    line such as 'This directory is a Python package.'), never a long one."""
+    docs = stdlib_docs
+    train, valid = _split(docs)
+    assert bytes(stdlib.train.numpy()) == train and bytes(stdlib.valid.numpy()) == valid
+    assert stdlib.documents == len(docs) > 500
+    for doc in docs[::text.HELD_OUT]:
+        assert len(doc) < 100 or doc not in train, doc[:200]
+    assert 0.05 < len(valid) / (len(train) + len(valid)) < 0.2
+    assert text.topic_documents()[0] in docs
+
+
+def test_stdlib_corpus_is_big_enough_and_mostly_prose(stdlib: text.Corpus) -> None:
+    """The floor: text_lm.py's default 1000 steps read the training text less than twice
+    (9.6 times for the topics alone), and most of it is letters and spaces."""
+    assert STEPS_BYTES / stdlib.train.numel() < 2.0, stdlib.describe()
+    assert STEPS_BYTES / text.corpus("topics").train.numel() > 5
+    raw = bytes(stdlib.train.numpy())
+    prose = sum(c.isalpha() or c == " " for c in raw.decode("utf-8", "replace"))
+    assert prose / len(raw) > 0.75
+
+
+def test_stdlib_corpus_is_the_same_on_a_second_build(stdlib: text.Corpus,
+                                                     stdlib_docs: list[bytes]) -> None:
+    train, valid = _split(stdlib_docs)
+    assert stdlib.checksum == hashlib.sha256(train + b"\0" + valid).hexdigest()
+    assert torch.equal(stdlib.train, torch.tensor(list(train), dtype=torch.uint8))
+    assert stdlib.checksum != text.corpus("topics").checksum
+    with pytest.raises(ValueError, match="stdlib, topics"):
+        text.corpus("wikipedia")
+
+
+def test_module_text_has_every_docstring_and_comment_in_source_order() -> None:
+    """Against references that walk everything: ast.walk's docstrings (every node, not
+    only statement bodies) and tokenize's full-line comments, on every 25th module."""
+    for path in text.stdlib_sources()[::25]:
+        source = path.read_bytes()
+        got = text.module_text(source).decode()
+        tree = ast.parse(source)
+        docs = [(n.body[0].lineno, ast.get_docstring(n)) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                  ast.AsyncFunctionDef)) and ast.get_docstring(n)]
+        lines = source.decode("utf-8").splitlines()
+        comments = [(t.start[0], t.string.lstrip("#").strip())
+                    for t in tokenize.tokenize(io.BytesIO(source).readline)
+                    if t.type == tokenize.COMMENT and lines[t.start[0] - 1].strip() == t.string
+                    and t.start[0] > 2 and any(c.isalpha() for c in t.string)]
+        at = -1
+        for _, piece in sorted(docs + comments):
+            found = got.find(piece, at + 1 if piece else 0)
+            assert found > at, (path, piece)
+            at = found
+
+
+def test_batches_are_windows_of_the_text_per_seed_and_rank(stdlib: text.Corpus) -> None:
+    data = stdlib.train
     a, b, c = (text.batches(data, 16, 3, 4, seed, rank, CPU)
                for seed, rank in ((0, 1), (0, 1), (0, 2)))
     assert all(torch.equal(x[0], y[0]) for x, y in zip(a, b, strict=True))
@@ -56,7 +139,7 @@ def test_batches_are_windows_of_the_text_per_seed_and_rank() -> None:
 def test_an_untrained_model_predicts_bytes_uniformly() -> None:
     spec = text.spec(width=32, layers=1, heads=2, seq=32)
     model = text.build(spec, 0)
-    loss = text.validation_loss(model, text.corpus().valid[:2000], spec.seq, CPU)
+    loss = text.validation_loss(model, text.corpus("topics").valid[:2000], spec.seq, CPU)
     assert abs(loss - math.log(256)) < 0.05, loss
 
 
@@ -132,8 +215,8 @@ def test_command_line_trains_every_kind_of_mode(tmp_path: Path) -> None:
     modes = "fp32,bf16-hook,int8,fsdp-nccl,fsdp-int4,hsdp-nccl,hsdp-int8"
     cmd = [sys.executable, "benchmarks/text_lm.py", "--nprocs", "4", "--machines", "2",
            "--device", "cpu", "--steps", "12", "--warmup", "2", "--width", "16", "--layers",
-           "1", "--heads", "2", "--seq", "16", "--batch", "2", "--wire", modes, "--seed", "0,1",
-           "--json", str(out)]
+           "1", "--heads", "2", "--seq", "16", "--batch", "2", "--corpus", "topics", "--wire",
+           modes, "--seed", "0,1", "--json", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = {(r["mode"], r["seed"]): r for r in json.loads(out.read_text())}

@@ -6,8 +6,8 @@
 //   rr_reduce_requantize  M packed rows -> fp32 sum in order 0..M-1 (+ residual)
 //                         -> one packed row; residual = sum - its x'
 //   rr_dequantize         packed rows -> values (/ N for AVG), in the tensor's dtype
-//   rr_dequantize_rot256  the same for rotated 256-value blocks (int4's): 16 lanes of 16
-//                         values a block, one shared-memory move a value
+//   rr_quantize_rot256, rr_dequantize_rot256: the rotated 256-value blocks (int4's),
+//                         16 lanes of 16 values a block, one shared-memory move a value
 //
 // Layout (quant.py): a packed row of k values is k/B fp32 scales, then the payload (one
 // byte a value; int4 two, the even element in the low nibble). Rows are contiguous.
@@ -240,12 +240,12 @@ rr_dequantize(const unsigned char* __restrict__ packed, T* __restrict__ out,
 }
 
 // rr_dequantize for rotated 256-value blocks (kernels.py takes it for every rotated
-// 256-value dequantize): the same values out, one shared-memory move a value instead of
-// three, no move back into C for the stores. 16 lanes a block (two blocks a warp), 16
-// values a lane, in two layouts: "A", register j of lane l is element l * 16 + j (i's bits
-// 0-3 in the registers), where the codes are loaded (32-bit words) and the passes h = 1,
-// 2, 4, 8 run; then, through the group's tile, "B", register j of lane l is element l + 16
-// * j (bits 4-7 in the registers), where the passes h = 16 .. 128 run, the signs multiply
+// 256-value dequantize): the same values out, with one shared-memory move a value instead of three and no move
+// back into C for the stores. 16 lanes a block (two blocks a warp), 16 values a lane,
+// in two layouts: "A", register j of lane l is element l * 16 + j (i's bits 0-3 in the
+// registers), where the codes are loaded (32-bit words) and the passes h = 1, 2, 4, 8
+// run; then, through the group's tile, "B", register j of lane l is element l + 16 * j
+// (bits 4-7 in the registers), where the passes h = 16 .. 128 run, the signs multiply
 // and each value is stored on its own (a warp's store covers 2 x 16 consecutive values:
 // whole 32-byte sectors). The passes, their order and every rounding are walsh_hadamard's.
 // Tile word of element i: i + 4 * (i >> 4) (a row of 16 padded to 20), the warp's second
@@ -315,6 +315,119 @@ rr_dequantize_rot256(const unsigned char* __restrict__ packed, T* __restrict__ o
             float x = f_add(f_mul(v[j], d[j]), 0.0f);
             if (world > 0.0f) x = f_div(x, world);
             from_acc(x, o + 16 * j);
+        }
+    }
+}
+
+// A 4-byte word of codes at p (4-byte aligned when VEC, else byte by byte).
+template <bool VEC>
+__device__ __forceinline__ void store_word(unsigned char* p, unsigned u) {
+    if constexpr (VEC) {
+        *reinterpret_cast<unsigned*>(p) = u;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) p[j] = static_cast<unsigned char>(u >> (8 * j));
+    }
+}
+
+// rr_quantize for rotated 256-value blocks without error feedback (kernels.py takes it
+// for those; with feedback rr_quantize runs): the same bytes, with one shared-memory move
+// a value instead of three. rr_dequantize_rot256's lanes and layouts in reverse order:
+// x is loaded in A (lane l: elements l * 16 .. l * 16 + 15, four chunks of 4, 16-byte
+// loads for fp32), multiplied by the signs, passes h = 1, 2, 4, 8; through the group's
+// tile into B (register j of lane l: element l + 16 * j), passes h = 16 .. 128: quant.py's
+// rotate, the same products, sums and order. In B the block's max-abs (16 registers,
+// then 4 xor-shuffles inside the 16 lanes) and each value's code (quant.cuh's encode).
+// The codes go back to element order as bytes through the tile (code of element i at
+// byte i), and lane l packs elements l * 16 .. l * 16 + 15 into 2 words (int4; 8-bit
+// codes 4) of the payload.
+template <typename T, int FMT, bool VEC>
+__global__ void __launch_bounds__(RR_QUANT_THREADS)
+rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
+                   long long nblocks, long long per_row, float inv_qmax) {
+    constexpr int bits = QuantWire<FMT>::bits, block = 256, E = 16;
+    constexpr int stride = 336;  // tile floats a block (rr_dequantize_rot256's tile)
+    const int lane = threadIdx.x & 15, group = (threadIdx.x & 31) >> 4;
+    const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * 2;
+    __shared__ Pack<float, 4> tile[RR_QUANT_THREADS / 32 * 2 * stride / 4];
+    float* const t = reinterpret_cast<float*>(tile) + (threadIdx.x >> 5) * 2 * stride +
+                     group * stride;
+    unsigned char* const tb = reinterpret_cast<unsigned char*>(t);
+    // quant.py's signs of rotate for A's elements: s_i 2^-4 (log2(256) / 2).
+    float d[E];
+    {
+        const unsigned base = lowbias32(RR_SIGN_SEED ^ static_cast<unsigned>(block));
+        const float power = __uint_as_float(static_cast<unsigned>(127 - 4) << 23);
+#pragma unroll
+        for (int j = 0; j < E; ++j)
+            d[j] = (lowbias32(base + static_cast<unsigned>(lane * E + j)) >> 31) ? -power : power;
+    }
+    for (long long first = warp * 2; first < nblocks; first += step) {
+        const long long g = first + group;
+        const bool active = g < nblocks;
+        float v[E];
+#pragma unroll
+        for (int q = 0; q < E / 4; ++q) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[q * 4 + e] = 0.0f;
+            if (active) load4<T, VEC>(x + g * block + lane * E + q * 4, &v[q * 4]);
+        }
+#pragma unroll
+        for (int j = 0; j < E; ++j) v[j] = f_mul(v[j], d[j]);
+        butterflies_in_lane<E, 1, E>(v);  // A: h = 1, 2, 4, 8
+        __syncwarp();                     // the previous block's code loads are done
+#pragma unroll
+        for (int q = 0; q < E / 4; ++q) {
+            Pack<float, 4> f;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f.v[e] = v[q * 4 + e];
+            *reinterpret_cast<Pack<float, 4>*>(t + lane * 20 + q * 4) = f;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < E; ++j) v[j] = t[lane + 20 * j];
+        butterflies_in_lane<E, 1, E>(v);  // B: h = 16, 32, 64, 128
+        float maxabs = 0.0f;
+#pragma unroll
+        for (int j = 0; j < E; ++j) maxabs = nan_max(maxabs, f_abs(v[j]));
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1)
+            maxabs = nan_max(maxabs, __shfl_xor_sync(0xffffffffu, maxabs, o));
+        const float scale = f_mul(maxabs, inv_qmax);
+        const bool usable = usable_scale(scale);
+        __syncwarp();  // every lane's B loads are done before the codes overwrite the tile
+        if (FMT == 3 && usable && inv_qmax == 1.0f) {
+            // The common block, encode's steps without its clamp and nan test: every value
+            // is finite and |v| <= max-abs = scale > 0, so y = v / scale is in [-1, 1].
+#pragma unroll
+            for (int j = 0; j < E; ++j) tb[lane + 16 * j] = static_cast<unsigned char>(
+                static_cast<unsigned>(gauss4_code(f_div(v[j], scale))) & 0xfu);
+        } else {
+#pragma unroll
+            for (int j = 0; j < E; ++j) tb[lane + 16 * j] = static_cast<unsigned char>(
+                encode<FMT>(v[j], scale, usable));
+        }
+        __syncwarp();
+        if (!active) continue;
+        const Pack<unsigned, 4> c = *reinterpret_cast<const Pack<unsigned, 4>*>(tb + lane * E);
+        const long long r = g / per_row, b = g - r * per_row;
+        const PackedRow row{packed + r * row_bytes(per_row, block, bits), per_row};
+        if (lane == 0) store_scale<VEC>(row.scale(b), scale);
+        unsigned char* const p = row.payload(b, block, lane * E, bits);
+        if constexpr (bits == 4) {
+            // w | w >> 4 holds codes 0, 1 of w in its byte 0 and codes 2, 3 in byte 2,
+            // the even element in the low nibble
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned lo = c.v[2 * h] | (c.v[2 * h] >> 4);
+                const unsigned hi = c.v[2 * h + 1] | (c.v[2 * h + 1] >> 4);
+                store_word<VEC>(p + 4 * h, (lo & 0xffu) | ((lo >> 8) & 0xff00u) |
+                                               ((hi & 0xffu) << 16) | ((hi << 8) & 0xff000000u));
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < 4; ++h) store_word<VEC>(p + 4 * h, c.v[h]);
         }
     }
 }

@@ -70,9 +70,9 @@ _QUANT_TYPES = {torch.float32: "float", torch.float16: "half_t", torch.bfloat16:
 #: most 32 lanes (one warp, so the block's max is a shuffle reduction), in chunks of 4.
 _WARP = 32
 _CHUNK = 4
-#: Rotated 256-value blocks are dequantized by rr_dequantize_rot256, 16 lanes of 16 values
-#: a block, one shared-memory move a value (quant.cu); DEFAULT_BLOCKS_PER_SM (6 measured
-#: the same).
+#: Rotated 256-value blocks: rr_quantize_rot256 (without error feedback) and
+#: rr_dequantize_rot256, 16 lanes of 16 values a block, one shared-memory move a value
+#: (quant.cu); DEFAULT_BLOCKS_PER_SM (6 measured the same for the dequantize).
 _ROT256 = 256
 _ROT256_VALUES = 16
 
@@ -205,6 +205,13 @@ class Kernels:
         elems, lanes = _quant_shape(block)
         width = _CHUNK * x.element_size()
         vec = _aligned(k, _CHUNK, (x, width), (out, 4), *_also(residual, 16))
+        if rotate and block == _ROT256 and residual is None:
+            self._launch("quant.cu", f"rr_quantize_rot256<{_QUANT_TYPES[x.dtype]}, "
+                         f"{_QUANT[fmt.encoding]}, {_bool(vec)}>", rows * k, _ROT256_VALUES, 4,
+                         (np.uint64(x.data_ptr()), np.uint64(out.data_ptr()),
+                          np.int64(rows * k // block), np.int64(k // block), _inverse(fmt)),
+                         stream)
+            return
         self._launch("quant.cu", f"rr_quantize<{_QUANT_TYPES[x.dtype]}, "
                      f"{_QUANT[fmt.encoding]}, {elems}, {lanes}, {_bool(vec)}, {_bool(rotate)}>",
                      rows * k, elems, 4,

@@ -126,7 +126,8 @@ BUDGET_S=${BUDGET_S:-$([[ "$suite" == four* ]] && echo 460 || echo 500)}; START=
 # across machines; the faithful 2x2 spreads a machine's ranks over the GPUs there are.
 E="python3 benchmarks/emulate.py --physical-gpus 1"
 E_ALL="python3 benchmarks/emulate.py --physical-gpus $NGPU"
-CAP="--link-cap ${CAP:-10gbit}"
+# CAP: a rate for --link-cap (default 10gbit), or loopback (no cap: runs judged by loss)
+if [ "${CAP:-}" = loopback ]; then CAP="--mode loopback"; else CAP="--link-cap ${CAP:-10gbit}"; fi
 # -n 3 timed iterations, 1 warm-up, 3 rounds, 1 exact check per round and implementation:
 # at 4x2, 256 MiB costs ~0.8 s per ringreduce call capped at 10 Gbit/s, and each size runs
 # 13 calls of each of 3 implementations; this keeps perf's runs inside 9 minutes (one GPU:

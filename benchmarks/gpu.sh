@@ -530,7 +530,7 @@ textlm)
     --wire "${TEXTLM_FSDP_MODES:-hsdp-nccl,hsdp-int4,hsdp-int8,fsdp-nccl,fsdp-int4,fsdp-int8}" \
     --seed "${seeds%%,*}" --spread ""
   { for f in "$W"/textlm_*.log; do echo "== $(basename "$f" .log)"
-      grep -E "^# (pydoc|stdlib|emulate: emulated)|seed [0-9]+: train|Error" "$f" | cut -c1-400; done
+      grep -E "^# (pydoc|stdlib|emulate: emulated)|seed [0-9]+: train|seed [0-9]+ engine:|Error" "$f" | cut -c1-900; done
     echo "== text_lm.py --merge (the table)"
     python3 benchmarks/text_lm.py --merge "$W"/textlm_*.json ${TEXTLM_MERGE:-} 2>&1
   } > "$W/summary_body.txt" ;;

@@ -51,6 +51,7 @@ from benchmarks.workloads import transformer_model as tm
 from benchmarks.workloads.dlrm_modes import TORCH_HOOKS
 from benchmarks.workloads.text_report import LmMode
 from ringreduce.benchmark.launch import Launch, run_ranks
+from ringreduce.plan.slicing import PLANS
 
 LAST = 100
 """Steps whose mean train loss is reported (all of them in a shorter run)."""
@@ -82,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-warmup", type=int, default=50)
     p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--plan", choices=PLANS,
+                   help="the wire modes' Communicator(plan=...): a given plan always takes "
+                        "the wire (a study of its loss); default: the probe's choice, which "
+                        "takes exact where it is as fast as the wire (each run's JSON and "
+                        "log say which: 'engine')")
     p.add_argument("--nprocs", type=int, help="ranks to spawn without a launcher")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when there is one")
     p.add_argument("--json", help="write every run's numbers here (rank 0), after each run")
@@ -119,7 +125,8 @@ def setup(mode: LmMode, model: nn.Module, args: argparse.Namespace,
         ddp.register_comm_hook(None, TORCH_HOOKS[mode.name] if cuda else _bf16_on_gloo)
     if mode.wire is None:
         return ddp, []
-    comm = ringreduce.Communicator(machines=args.machines, min_bytes=0, wire=mode.wire)
+    comm = ringreduce.Communicator(machines=args.machines, min_bytes=0, wire=mode.wire,
+                                   plan=args.plan)
     ddp.register_comm_hook(comm, ringreduce.ddp_hook)
     return ddp, [comm]
 
@@ -143,6 +150,7 @@ def train(args: argparse.Namespace, mode: LmMode, seed: int, corpus: text.Corpus
     ramp = torch.optim.lr_scheduler.LinearLR(adam, 0.1, 1.0, total_iters=args.lr_warmup)
     losses = torch.zeros(args.steps, device=device)
     start = 0.0
+    engine = " | ".join(c.describe() for c in comms)  # the probe's route, wire or exact
     try:
         for step, batch in enumerate(batches):
             if step == args.warmup:
@@ -165,7 +173,7 @@ def train(args: argparse.Namespace, mode: LmMode, seed: int, corpus: text.Corpus
     run = {"mode": mode.name, "seed": seed, "steps": args.steps, "world": world,
            "train_last": float(losses[-LAST:].mean()), "valid": valid,
            "samples_per_s": (args.steps - args.warmup) * args.batch * world / seconds,
-           "identical": identical, "params": tm.grad_bytes(spec) // 4}
+           "identical": identical, "params": tm.grad_bytes(spec) // 4, "engine": engine}
     if mode.fsdp is not None and device.type == "cuda":
         del model, adam, ramp
         gc.collect()  # FSDP's hooks hold the model in reference cycles
@@ -229,6 +237,8 @@ def rank_main(args: argparse.Namespace, launch: Launch, device: torch.device) ->
                   f"{run['train_last']:.4f}  valid {run['valid']:.4f}  "
                   f"{run['samples_per_s']:.0f} samples/s  identical {run['identical']}",
                   flush=True)
+            if run["engine"]:
+                print(f"# {mode.name} seed {seed} engine: {run['engine']}", flush=True)
             if args.json:
                 Path(args.json).write_text(json.dumps(runs, indent=1))
     if launch.rank == 0:

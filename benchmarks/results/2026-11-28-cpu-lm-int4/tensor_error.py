@@ -8,8 +8,8 @@ The buckets are DDP's own: a one-rank gloo DDP with a hook that records each buc
 parameters (after DDP's rebuild at the first step), so tensors sit at the offsets the
 hook hands ringreduce; each bucket is one call of benchmarks/wire_study.py's one_call
 (M machines' partials, compressed.py's codec in torch ops, blocks counted from the
-bucket's start: the engine's shards and slices start blocks at their own offsets, a
-shift that does not change which values share a block's scale much). No error feedback.
+bucket's start, as compressed.py counts them: the bucket padded to D*M*block values,
+each of its D*M rows a whole number of blocks). No error feedback.
 
     python benchmarks/results/2026-11-28-cpu-lm-int4/tensor_error.py --warm 300
 """

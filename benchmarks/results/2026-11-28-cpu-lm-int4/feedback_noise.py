@@ -21,6 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -57,7 +58,7 @@ class Stream:
                                  ctx)  # type: ignore[arg-type]
         return out.view(-1)[:self.n].double()
 
-    def _errors(self) -> SimpleNamespace | None:
+    def _errors(self) -> Any:  # compressed._add reads only .diffuse
         return None if self.diffuse is None else SimpleNamespace(diffuse=self.diffuse)
 
 

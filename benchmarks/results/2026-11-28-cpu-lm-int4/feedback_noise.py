@@ -10,7 +10,9 @@ the last step's update u = m / (sqrt(v) + eps) against the exact stream's (relat
 of the difference, ratio of the norms), and the median over coordinates of v's ratio.
 The collect and diffuse errors are kept exactly as compressed.py keeps them (its Codec,
 torch ops): machine m's partial carries its own collect error, the summed row the
-diffuse error, both in the rotated domain for int4.
+diffuse error, both in the rotated domain for int4. A variant ``int4/int8:256`` is a
+study of a wire the library does not have: int4 (rotated) on collect, the sum
+requantized in int8 (in the rotated domain) for diffuse.
 
     python benchmarks/results/2026-11-28-cpu-lm-int4/feedback_noise.py --warm 300 --samples 30
 """
@@ -39,10 +41,12 @@ class Stream:
     """One wire's calls over consecutive steps, its error memories kept (feedback) or not."""
 
     def __init__(self, fmt: quant.Format, block: int, machines: int, n: int, world: int,
-                 feedback: bool) -> None:
+                 feedback: bool, diffuse: quant.Format | None = None) -> None:
         self.k = -(-n // block) * block
-        self.n, self.world = n, world
+        self.n, self.world, self.block = n, world, block
         self.codec = compressed.Codec(fmt, block, None, CPU)
+        self.diffuse_codec = None if diffuse is None else compressed.Codec(diffuse, block,
+                                                                            None, CPU)
         self.collect = torch.zeros((machines, self.k)) if feedback else None
         self.diffuse = torch.zeros((1, self.k)) if feedback else None
 
@@ -51,11 +55,31 @@ class Stream:
         x[:, :self.n] = parts
         got = self.codec.packed(parts.shape[0], self.k)
         self.codec.quantize(x, got, self.collect)
+        if self.diffuse_codec is not None:
+            return self._mixed(got)
         # one emulated row owner sums every machine's partial and requantizes
         sent = compressed._add(got, got, self.codec, self._errors(), 0)
         ctx = SimpleNamespace(topo=SimpleNamespace(world_size=self.world), divisors={})
         out = compressed._unpack(sent, self.codec, "sum", torch.float32,
                                  ctx)  # type: ignore[arg-type]
+        return out.view(-1)[:self.n].double()
+
+    def _mixed(self, got: torch.Tensor) -> torch.Tensor:
+        """compressed._add and _unpack with the sum requantized in the diffuse format
+        (in the rotated domain: rotated back once at the end)."""
+        assert self.diffuse_codec is not None
+        fmt, dfmt = self.codec.fmt, self.diffuse_codec.fmt
+        values = torch.empty((got.shape[0], self.k))
+        quant.dequantize(got, fmt, self.block, values)
+        reduced = values[0].clone()
+        for j in range(1, got.shape[0]):
+            reduced.add_(values[j])
+        sent = self.diffuse_codec.packed(1, self.k)
+        self.diffuse_codec.quantize(reduced.view(1, self.k), sent, self.diffuse, rotate=False)
+        out = torch.empty((1, self.k))
+        quant.dequantize(sent, dfmt, self.block, out)
+        if fmt.rotated:
+            quant.rotate_back(out, self.block)
         return out.view(-1)[:self.n].double()
 
     def _errors(self) -> Any:  # compressed._add reads only .diffuse
@@ -102,7 +126,9 @@ def main(argv: list[str] | None = None) -> None:
                 for r in range(ranks)]
     variants = [(w, int(b), fb) for w, b in (v.split(":") for v in args.variants.split(","))
                 for fb in (True, False)]
-    streams = {v: Stream(wire_study.VARIANTS[v[0]], v[1], args.machines, n, ranks, v[2])
+    streams = {v: Stream(wire_study.VARIANTS[v[0].split("/")[0]], v[1], args.machines, n,
+                         ranks, v[2], diffuse=None if "/" not in v[0] else
+                         wire_study.VARIANTS[v[0].split("/")[1]])
                for v in variants}
     adams = {v: Adam(n) for v in variants}
     exact_adam = Adam(n)
@@ -125,12 +151,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {spec.layers} x {spec.width}, {args.machines} x {args.devices} ranks, batch "
           f"{args.batch}, {args.warm} Adam steps first, then {args.samples} consecutive "
           f"compressed sums (one bucket of {n} values)")
-    print(f"{'wire':>6} {'block':>5} {'feedback':>8} {'step err':>9} {'sum err':>8} "
+    print(f"{'wire':>9} {'block':>5} {'feedback':>8} {'step err':>9} {'sum err':>8} "
           f"{'u diff':>7} {'|u|/|u*|':>8} {'v/v* med':>8}")
     for v in variants:
         u = updates[v]
         ratio_v = (adams[v].v / exact_adam.v.clamp_min(1e-300)).median()
-        print(f"{v[0]:>6} {v[1]:>5} {v[2]!s:>8} "
+        print(f"{v[0]:>9} {v[1]:>5} {v[2]!s:>8} "
               f"{sum(step_err[v]) / len(step_err[v]):>9.4f} "
               f"{float(total_err[v].norm() / total.norm()):>8.4f} "
               f"{float((u - exact_update).norm() / exact_update.norm()):>7.4f} "

@@ -51,6 +51,7 @@ from benchmarks.workloads import transformer_model as tm
 from benchmarks.workloads.dlrm_modes import TORCH_HOOKS
 from benchmarks.workloads.text_report import LmMode
 from ringreduce.benchmark.launch import Launch, run_ranks
+from ringreduce.config import Config
 from ringreduce.plan.slicing import PLANS
 
 LAST = 100
@@ -88,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "the wire (a study of its loss); default: the probe's choice, which "
                         "takes exact where it is as fast as the wire (each run's JSON and "
                         "log say which: 'engine')")
+    p.add_argument("--wire-block", type=int,
+                   help="the wire modes' Communicator(wire_block=...): values per quantization "
+                        "block (a multiple of 8; a power of two for int4); default: the "
+                        "library's")
+    p.add_argument("--no-hook-feedback", action="store_true",
+                   help="the wire modes' Communicator(hook_feedback=False): no error feedback "
+                        "in the DDP hook")
     p.add_argument("--nprocs", type=int, help="ranks to spawn without a launcher")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when there is one")
     p.add_argument("--json", help="write every run's numbers here (rank 0), after each run")
@@ -105,8 +113,24 @@ def plan(args: argparse.Namespace) -> list[tuple[LmMode, int]]:
     if not 0 <= args.warmup < args.steps:
         raise ValueError(f"--steps {args.steps} --warmup {args.warmup}: need 0 <= warmup < "
                          "steps (the steps after warm-up are timed)")
+    _check_wire_options(args, modes)
     return [(m, s) for m in modes if m.name in spread for s in seeds] + \
         [(m, seeds[0]) for m in modes if m.name not in spread]
+
+
+def _check_wire_options(args: argparse.Namespace, modes: list[LmMode]) -> None:
+    """--wire-block and --no-hook-feedback reach the DDP wire modes' Communicator only:
+    refused with a sharded mode (fsdp_modes takes the library's defaults) and a block
+    the wires refuse is refused here, by Config's own check."""
+    options = _wire_options(args)
+    if not options:
+        return
+    sharded = [m.name for m in modes if m.fsdp is not None]
+    if sharded:
+        raise ValueError(f"--wire-block/--no-hook-feedback apply to DDP's wire modes only; "
+                         f"drop them or run {sharded} separately")
+    for wire in {m.wire for m in modes if m.wire is not None}:
+        Config(wire=wire, **options)
 
 
 def setup(mode: LmMode, model: nn.Module, args: argparse.Namespace,
@@ -126,9 +150,20 @@ def setup(mode: LmMode, model: nn.Module, args: argparse.Namespace,
     if mode.wire is None:
         return ddp, []
     comm = ringreduce.Communicator(machines=args.machines, min_bytes=0, wire=mode.wire,
-                                   plan=args.plan)
+                                   plan=args.plan, **_wire_options(args))
     ddp.register_comm_hook(comm, ringreduce.ddp_hook)
     return ddp, [comm]
+
+
+def _wire_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Communicator keywords of --wire-block and --no-hook-feedback, only those given
+    (the library's defaults otherwise)."""
+    options: dict[str, Any] = {}
+    if args.wire_block is not None:
+        options["wire_block"] = args.wire_block
+    if args.no_hook_feedback:
+        options["hook_feedback"] = False
+    return options
 
 
 def _bf16_on_gloo(state, bucket):  # type: ignore[no-untyped-def]
@@ -173,7 +208,8 @@ def train(args: argparse.Namespace, mode: LmMode, seed: int, corpus: text.Corpus
     run = {"mode": mode.name, "seed": seed, "steps": args.steps, "world": world,
            "train_last": float(losses[-LAST:].mean()), "valid": valid,
            "samples_per_s": (args.steps - args.warmup) * args.batch * world / seconds,
-           "identical": identical, "params": tm.grad_bytes(spec) // 4, "engine": engine}
+           "identical": identical, "params": tm.grad_bytes(spec) // 4, "engine": engine,
+           **({"wire_options": _wire_options(args)} if comms else {})}
     if mode.fsdp is not None and device.type == "cuda":
         del model, adam, ramp
         gc.collect()  # FSDP's hooks hold the model in reference cycles

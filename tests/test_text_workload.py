@@ -238,3 +238,45 @@ def test_command_line_trains_every_kind_of_mode(tmp_path: Path) -> None:
     last = done.stdout.strip().splitlines()
     assert last[-1].split()[:2] == ["hsdp-int8", "0"]
     assert last[-len(runs) - 1].split()[:2] == ["mode", "seed"]
+
+
+def test_wire_options_are_checked_before_any_process_starts() -> None:
+    """--wire-block and --no-hook-feedback: a block the wire refuses, or either option
+    beside a sharded mode (whose Communicators take the library's defaults), is refused
+    by plan(), which main() calls before spawning."""
+    from benchmarks import text_lm
+    parse = text_lm.build_parser().parse_args
+    assert len(text_lm.plan(parse(["--wire", "fp32,int4", "--wire-block", "64"]))) == 2
+    with pytest.raises(ValueError, match="power of two"):
+        text_lm.plan(parse(["--wire", "int4", "--wire-block", "96"]))
+    with pytest.raises(ValueError, match="multiple of 8"):
+        text_lm.plan(parse(["--wire", "int8", "--wire-block", "100"]))
+    with pytest.raises(ValueError, match="DDP's wire modes only"):
+        text_lm.plan(parse(["--wire", "int4,hsdp-int4", "--no-hook-feedback"]))
+
+
+@pytest.mark.slow  # four short trainings in 4 spawned gloo ranks: ~1 min on 2 busy cores
+def test_wire_options_reach_the_ddp_hooks_communicator(tmp_path: Path) -> None:
+    """`--wire-block 64` and `--no-hook-feedback` change what int4 trains (its blocks'
+    rounding, no error carried to the next step): losses other than the default's, each
+    JSON naming its options, replicas still bit-identical; fp32 takes no options."""
+    runs = {}
+    for name, extra in (("default", []), ("block64", ["--wire-block", "64"]),
+                        ("nofeedback", ["--no-hook-feedback"])):
+        out = tmp_path / f"{name}.json"
+        cmd = [sys.executable, "benchmarks/text_lm.py", "--nprocs", "4", "--machines", "2",
+               "--device", "cpu", "--steps", "8", "--warmup", "2", "--width", "16",
+               "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "2", "--corpus",
+               "topics", "--wire", "int4" if name != "default" else "fp32,int4",
+               "--plan", "pipelined", "--json", str(out), *extra]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.update({(name, r["mode"]): r for r in json.loads(out.read_text())})
+    assert "wire_options" not in runs["default", "fp32"]
+    assert runs["default", "int4"]["wire_options"] == {}
+    assert runs["block64", "int4"]["wire_options"] == {"wire_block": 64}
+    assert runs["nofeedback", "int4"]["wire_options"] == {"hook_feedback": False}
+    losses = {name: runs[name, "int4"]["train_last"] for name in ("default", "block64",
+                                                                    "nofeedback")}
+    assert len(set(losses.values())) == 3, losses
+    assert all(runs[key]["identical"] for key in runs)

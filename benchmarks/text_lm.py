@@ -11,9 +11,9 @@ training documents drawn per rank and seed (the same in every mode); validation:
 held-out documents. Each run prints the mean train loss over its last 100 steps (over
 ranks), the validation loss, samples/s over the steps after ``--warmup`` and whether
 the replicas ended bit-identical (DDP; HSDP's replicas are checked, raising if they
-differ; plain FSDP2 keeps one copy: n/a); the JSON (``--json``) is rewritten after every
-run, so a process set cut short keeps what it finished. Last, a table: each run's
-losses against fp32's seed spread, its samples/s against fp32 and the bf16 hook.
+differ; plain FSDP2 keeps one copy: n/a); the JSON (``--json``: every step's loss too)
+is rewritten after every run, so a process set cut short keeps what it finished. Last,
+a table: each run's losses against fp32's seed spread, its samples/s against fp32 and the bf16 hook.
 ``--merge A.json B.json`` prints that table for runs of several process sets.
 
 The default model, 6 x 512 (19.2 M parameters, 77 MB of fp32 gradients a step), is
@@ -207,6 +207,7 @@ def train(args: argparse.Namespace, mode: LmMode, seed: int, corpus: text.Corpus
                                  corpus.valid, spec.seq, device)
     run = {"mode": mode.name, "seed": seed, "steps": args.steps, "world": world,
            "train_last": float(losses[-LAST:].mean()), "valid": valid,
+           "losses": losses.tolist(),  # every step's, mean over ranks: spikes, descent
            "samples_per_s": (args.steps - args.warmup) * args.batch * world / seconds,
            "identical": identical, "params": tm.grad_bytes(spec) // 4, "engine": engine,
            **({"wire_options": _wire_options(args)} if comms else {})}

@@ -235,6 +235,10 @@ def test_command_line_trains_every_kind_of_mode(tmp_path: Path) -> None:
         [True, True, True, None, None, True, True]
     assert all(math.isfinite(r["samples_per_s"]) and r["samples_per_s"] > 0
                for r in runs.values())
+    # every step's loss (mean over ranks) is kept: train_last is their mean here (12 steps)
+    for r in runs.values():
+        assert len(r["losses"]) == 12 and all(map(math.isfinite, r["losses"]))
+        assert abs(sum(r["losses"]) / 12 - r["train_last"]) < 1e-5, r
     last = done.stdout.strip().splitlines()
     assert last[-1].split()[:2] == ["hsdp-int8", "0"]
     assert last[-len(runs) - 1].split()[:2] == ["mode", "seed"]

@@ -11,9 +11,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FILES = {"base.json": "", "base_more.json": "", "block64.json": "-b64",
-         "block64_more.json": "-b64", "nofeedback.json": "-nofb", "nofeedback_more.json": "-nofb"}
+         "block64_more.json": "-b64", "nofeedback.json": "-nofb", "nofeedback_more.json": "-nofb",
+         "mixed.json": "-c4d8"}
 """Each run file and the suffix its int4 runs' mode takes here."""
-MODES = ("fp32", "int8", "int4", "int4-b64", "int4-nofb")
+MODES = ("fp32", "int8", "int4", "int4-b64", "int4-nofb", "int4-c4d8")
 
 
 def load() -> dict[tuple[str, int], dict]:

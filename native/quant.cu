@@ -239,6 +239,27 @@ rr_dequantize(const unsigned char* __restrict__ packed, T* __restrict__ out,
     }
 }
 
+// The Walsh-Hadamard passes of a rotated 256-value block held by 16 lanes (the two
+// rot256 kernels): h = 1, 2, 4, 8 in layout A (register j of lane l: element l * 16 + j),
+// then through the group's tile t into layout B (register j: element l + 16 * j) and
+// h = 16 .. 128 there. The first __syncwarp: the tile's previous reads are done.
+__device__ __forceinline__ void rotate_a_then_b(float (&v)[16], float* t, int lane) {
+    constexpr int E = 16;
+    butterflies_in_lane<E, 1, E>(v);
+    __syncwarp();
+#pragma unroll
+    for (int q = 0; q < E / 4; ++q) {
+        Pack<float, 4> f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f.v[e] = v[q * 4 + e];
+        *reinterpret_cast<Pack<float, 4>*>(t + lane * 20 + q * 4) = f;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < E; ++j) v[j] = t[lane + 20 * j];
+    butterflies_in_lane<E, 1, E>(v);
+}
+
 // rr_dequantize for rotated 256-value blocks (kernels.py takes it for every rotated
 // 256-value dequantize): the same values out, with one shared-memory move a value instead of three and no move
 // back into C for the stores. 16 lanes a block (two blocks a warp), 16 values a lane,
@@ -295,19 +316,7 @@ rr_dequantize_rot256(const unsigned char* __restrict__ packed, T* __restrict__ o
                         f_mul(decode<FMT>((w[q] >> (bits * e)) & ((1u << bits) - 1u)), scale);
             }
         }
-        butterflies_in_lane<E, 1, E>(v);  // A: h = 1, 2, 4, 8
-        __syncwarp();                     // the previous block's loads from the tile are done
-#pragma unroll
-        for (int q = 0; q < E / 4; ++q) {
-            Pack<float, 4> f;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) f.v[e] = v[q * 4 + e];
-            *reinterpret_cast<Pack<float, 4>*>(t + lane * 20 + q * 4) = f;
-        }
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < E; ++j) v[j] = t[lane + 20 * j];
-        butterflies_in_lane<E, 1, E>(v);  // B: h = 16, 32, 64, 128
+        rotate_a_then_b(v, t, lane);  // the previous block's reads of the tile are done
         if (!active) continue;
         T* const o = out + g * block + lane;
 #pragma unroll
@@ -375,19 +384,7 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
         }
 #pragma unroll
         for (int j = 0; j < E; ++j) v[j] = f_mul(v[j], d[j]);
-        butterflies_in_lane<E, 1, E>(v);  // A: h = 1, 2, 4, 8
-        __syncwarp();                     // the previous block's code loads are done
-#pragma unroll
-        for (int q = 0; q < E / 4; ++q) {
-            Pack<float, 4> f;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) f.v[e] = v[q * 4 + e];
-            *reinterpret_cast<Pack<float, 4>*>(t + lane * 20 + q * 4) = f;
-        }
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < E; ++j) v[j] = t[lane + 20 * j];
-        butterflies_in_lane<E, 1, E>(v);  // B: h = 16, 32, 64, 128
+        rotate_a_then_b(v, t, lane);  // the previous block's reads of the tile are done
         float maxabs = 0.0f;
 #pragma unroll
         for (int j = 0; j < E; ++j) maxabs = nan_max(maxabs, f_abs(v[j]));

@@ -75,7 +75,8 @@
 #   textlm   the byte-level language model (benchmarks/text_lm.py, 6 x 512: 19.2 M parameters)
 #            on the faithful capped 2x2 under NCCL's tree (TEXTLM_ALGO; empty: NCCL's choice),
 #            TEXTLM_STEPS (1000) steps a run: DDP fp32 at TEXTLM_SEEDS (0,1,2), then TEXTLM_WIRES
-#            (int4,int8,bf16-hook) at the first seed, one process set (textlm_ddp);
+#            (int4,int8,bf16-hook) at the first seed, one process set (textlm_ddp;
+#            TEXTLM_REF= leaves fp32 out: a second set of wires beside a run that has it);
 #            then FSDP2/HSDP, TEXTLM_FSDP_MODES (hsdp-nccl,hsdp-int4,hsdp-int8,fsdp-nccl,
 #            fsdp-int4,fsdp-int8) at the first seed (textlm_fsdp, its own limit, cut by the
 #            budget: each run's numbers are kept as it ends); last, text_lm.py --merge's table
@@ -525,7 +526,7 @@ textlm)
   L=(env ${algo:+NCCL_ALGO=$algo} $E_ALL --machines 2 --gpus-per-machine 2 $CAP
      --script benchmarks/text_lm.py -- --steps "${TEXTLM_STEPS:-1000}" ${TEXTLM_FLAGS:-})
   step textlm_ddp ${TEXTLM_S:-450} "${L[@]}" --json "$W/textlm_ddp.json" \
-    --wire "fp32,${TEXTLM_WIRES:-int4,int8,bf16-hook}" --seed "$seeds"
+    --wire "${TEXTLM_REF-fp32,}${TEXTLM_WIRES:-int4,int8,bf16-hook}" --seed "$seeds"
   step textlm_fsdp ${TEXTLM_FSDP_S:-480} "${L[@]}" --json "$W/textlm_fsdp.json" \
     --wire "${TEXTLM_FSDP_MODES:-hsdp-nccl,hsdp-int4,hsdp-int8,fsdp-nccl,fsdp-int4,fsdp-int8}" \
     --seed "${seeds%%,*}" --spread ""

@@ -435,7 +435,7 @@ host)
     --script benchmarks/dlrm.py -- --modes ${HOST_TRANSFORMER_MODES:-nccl,nccl-hook,hook} \
     ${HOST_DDP_FLAGS:-} --model transformer \
     --layers 48 --bucket-mb 4 --steps 24 --warmup 4 --json "$W/host_ddp_transformer.json"
-  # the compressed route (int8, error feedback on: the hook's default) against torch's
+  # the compressed route (int8, the hook's default: no error feedback) against torch's
   # bf16 hook and its fp32 NCCL hook, each hook call timed on the autograd thread
   step host_ddp_dlrm_int8 ${DDP_S:-110} env RINGREDUCE_WIRE=int8 NCCL_ALGO=allreduce:tree \
     $E_ALL "${F[@]}" --script benchmarks/dlrm.py -- --modes nccl-hook,bf16-hook,hook \

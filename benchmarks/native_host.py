@@ -141,7 +141,7 @@ also replays one-slice calls, which the default issuer leaves to Python),
 ``<issuer>/one`` (``plan="one-slice"``), ``native/piped`` (``plan="pipelined"``);
 variants join with ``+``, e.g. ``native/one+nocheck``. A way without a plan pins the
 pipeline, so its issuer is what it measures. ``+int8`` (``+int4``): the
-compressed route with that wire, every call with error feedback (as DDP's hook);
+compressed route with that wire, without error feedback (as DDP's hook by default);
 checked against NCCL to the format's precision, not bit for bit."""
 
 PLANS = {"auto": None, "one": "one-slice"}
@@ -400,7 +400,7 @@ def rank_body(launch: Launch, device: torch.device, size: int, calls: int,
         "nccl async": lambda: dist.all_reduce(next(ring), async_op=True),
     }
     for name, comm in comms.items():
-        key = "bench" if comm.config.wire in WIRES else None  # error feedback, as DDP's hook
+        key = "bench" if comm.config.hook_feedback and comm.config.wire in WIRES else None
         ways[f"{name} sync"] = lambda c=comm, k=key: c.all_reduce(x, feedback=k)
         ways[f"{name} async"] = lambda c=comm, k=key: c.all_reduce(next(ring), async_op=True,
                                                                    feedback=k)

@@ -93,9 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the wire modes' Communicator(wire_block=...): values per quantization "
                         "block (a multiple of 8; a power of two for int4); default: the "
                         "library's")
-    p.add_argument("--no-hook-feedback", action="store_true",
-                   help="the wire modes' Communicator(hook_feedback=False): no error feedback "
-                        "in the DDP hook")
+    p.add_argument("--hook-feedback", choices=("on", "off"),
+                   help="the wire modes' Communicator(hook_feedback=...): error feedback in "
+                        "the DDP hook or none; default: the library's (off)")
     p.add_argument("--nprocs", type=int, help="ranks to spawn without a launcher")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when there is one")
     p.add_argument("--json", help="write every run's numbers here (rank 0), after each run")
@@ -119,7 +119,7 @@ def plan(args: argparse.Namespace) -> list[tuple[LmMode, int]]:
 
 
 def _check_wire_options(args: argparse.Namespace, modes: list[LmMode]) -> None:
-    """--wire-block and --no-hook-feedback reach the DDP wire modes' Communicator only:
+    """--wire-block and --hook-feedback reach the DDP wire modes' Communicator only:
     refused with a sharded mode (fsdp_modes takes the library's defaults) and a block
     the wires refuse is refused here, by Config's own check."""
     options = _wire_options(args)
@@ -127,7 +127,7 @@ def _check_wire_options(args: argparse.Namespace, modes: list[LmMode]) -> None:
         return
     sharded = [m.name for m in modes if m.fsdp is not None]
     if sharded:
-        raise ValueError(f"--wire-block/--no-hook-feedback apply to DDP's wire modes only; "
+        raise ValueError(f"--wire-block/--hook-feedback apply to DDP's wire modes only; "
                          f"drop them or run {sharded} separately")
     for wire in {m.wire for m in modes if m.wire is not None}:
         Config(wire=wire, **options)
@@ -156,13 +156,13 @@ def setup(mode: LmMode, model: nn.Module, args: argparse.Namespace,
 
 
 def _wire_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The Communicator keywords of --wire-block and --no-hook-feedback, only those given
+    """The Communicator keywords of --wire-block and --hook-feedback, only those given
     (the library's defaults otherwise)."""
     options: dict[str, Any] = {}
     if args.wire_block is not None:
         options["wire_block"] = args.wire_block
-    if args.no_hook_feedback:
-        options["hook_feedback"] = False
+    if args.hook_feedback is not None:
+        options["hook_feedback"] = args.hook_feedback == "on"
     return options
 
 

@@ -146,7 +146,8 @@ def feedback(comm: ringreduce.Communicator, rank: int, report: str = "") -> None
 
 def hook_trains(comm: ringreduce.Communicator, rank: int) -> None:
     """DDP with the hook on an int8 communicator: the loss falls, the replicas stay
-    bit-identical, and the buckets keep error feedback."""
+    bit-identical, and the buckets keep error feedback if and only if the Communicator
+    was asked to (``hook_feedback``, off by default)."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(37, 64), nn.ReLU(), nn.Linear(64, 5)).to(here())
     model = DDP(net, bucket_cap_mb=0.005)  # several buckets, rebuilt after the first step
@@ -164,7 +165,8 @@ def hook_trains(comm: ringreduce.Communicator, rank: int) -> None:
     assert losses[-1] < losses[0], losses
     for p in model.parameters():
         same_on_every_rank(p.detach(), "DDP parameters")
-    assert comm._feedback.nbytes() > 0, "the hook keeps error feedback for int8"
+    kept = comm._feedback.nbytes()
+    assert (kept > 0) == comm.config.hook_feedback, (kept, comm.config.hook_feedback)
 
 
 class _TwoLayers(nn.Module):

@@ -4,7 +4,8 @@ NCCL): two DDP models on one int8 Communicator against one Communicator each, a 
 checkpointed and resumed in new processes against the uninterrupted one (DDP across a
 bucket rebuild, and FSDP2), the "ringreduce" backend's all-reduces under
 RINGREDUCE_WIRE, and ``ringreduce.ddp.apply``'s checks. Communicators take machines and
-min_bytes from RINGREDUCE_MACHINES and RINGREDUCE_MIN_BYTES (ENV)."""
+min_bytes from RINGREDUCE_MACHINES and RINGREDUCE_MIN_BYTES (ENV); the int8 ones keep
+the hook's error feedback (hook_feedback=True): the state a resumed job must carry."""
 
 from __future__ import annotations
 
@@ -93,9 +94,9 @@ def two_models(rank: int, world: int) -> None:
     ends = []
     for shared in (True, False):
         g, d = ddp(0), ddp(1)
-        comms = [ringreduce.Communicator(wire="int8")]
+        comms = [ringreduce.Communicator(wire="int8", hook_feedback=True)]
         if not shared:
-            comms.append(ringreduce.Communicator(wire="int8"))
+            comms.append(ringreduce.Communicator(wire="int8", hook_feedback=True))
         ringreduce.ddp.apply(g, comms[0])
         g_comm = comms[-1]
         d.register_comm_hook(g_comm, ringreduce.ddp_hook)  # the plain spelling, too
@@ -147,12 +148,12 @@ def ddp_steps(rank: int, model: DDP, opt: torch.optim.Optimizer, first: int,
 def ddp_first_half(rank: int, world: int, folder: str) -> None:
     """The uninterrupted run (2 * STEPS), then a new run's first STEPS, checkpointed:
     model, optimizer and the Communicator's state (torch.save, one file per rank)."""
-    with ringreduce.Communicator(wire="int8") as comm:
+    with ringreduce.Communicator(wire="int8", hook_feedback=True) as comm:
         model = ddp(0)
         ringreduce.ddp.apply(model, comm)
         ddp_run(rank, model, 0, 2 * STEPS)
         torch.save(flat(model).cpu(), os.path.join(folder, f"full{rank}.pt"))
-    with ringreduce.Communicator(wire="int8") as comm:
+    with ringreduce.Communicator(wire="int8", hook_feedback=True) as comm:
         model = ddp(0)
         ringreduce.ddp.apply(model, comm)
         opt = ddp_run(rank, model, 0, STEPS)
@@ -169,7 +170,7 @@ def ddp_resume(rank: int, world: int, folder: str) -> None:
     ckpt = torch.load(os.path.join(folder, f"ckpt{rank}.pt"), map_location=here())
     ends = []
     for load in (True, False):
-        with ringreduce.Communicator(wire="int8") as comm:
+        with ringreduce.Communicator(wire="int8", hook_feedback=True) as comm:
             model = ddp(7)  # other weights: all of them come from the checkpoint
             model.load_state_dict(ckpt["model"])
             ringreduce.ddp.apply(model, comm)
@@ -253,14 +254,15 @@ def fsdp_job(rank: int, world: int, folder: str, phase: str) -> None:
 def refused_loads(rank: int, world: int) -> None:
     """A state of another wire, rank or model layout is refused with a ValueError that
     says what differs, before any communication."""
-    with ringreduce.Communicator(wire="int8") as comm:
+    with ringreduce.Communicator(wire="int8", hook_feedback=True) as comm:
         model = ddp(0)
         ringreduce.ddp.apply(model, comm)
         ddp_run(rank, model, 0, 1)
         state = comm.state_dict()
-    with ringreduce.Communicator(wire="int4") as other, pytest.raises(ValueError, match="wire"):
+    with ringreduce.Communicator(wire="int4", hook_feedback=True) as other, \
+            pytest.raises(ValueError, match="wire"):
         other.load_state_dict(state)
-    with ringreduce.Communicator(wire="int8") as other:
+    with ringreduce.Communicator(wire="int8", hook_feedback=True) as other:
         with pytest.raises(ValueError, match="this Communicator is rank"):
             other.load_state_dict({f"rank {(rank + 1) % world}": state[f"rank {rank}"]})
         with pytest.raises(ValueError, match="world_size: saved"):

@@ -106,8 +106,13 @@ def test_error_feedback_and_arguments() -> None:
 
 def _hook_worker(rank: int, world: int) -> None:
     with ringreduce.Communicator(machines=2, min_bytes=0, wire="int8") as comm:
+        assert not comm.config.hook_feedback, "the hook's default is no error feedback"
         hook_trains(comm, rank)
-    with ringreduce.Communicator(machines=2, min_bytes=0, wire="int8") as comm, \
+    with ringreduce.Communicator(machines=2, min_bytes=0, wire="int8",
+                                 hook_feedback=True) as comm:
+        hook_trains(comm, rank)
+    with ringreduce.Communicator(machines=2, min_bytes=0, wire="int8",
+                                 hook_feedback=True) as comm, \
             ringreduce.Communicator(machines=2, min_bytes=0) as plain:
         hook_feedback_follows_the_rebuilt_bucket(comm, plain, rank)
 

@@ -35,7 +35,8 @@ GPU_SIZES = (*SIZES, 1_000_003, (1 << 22) + 5)
 def _compressed_worker(rank: int, world: int, machines: int) -> None:
     # a plan given: no probe, so every call takes the wire (the probe may find exact
     # as fast: tests/test_gpu_probe.py)
-    with ringreduce.Communicator(min_bytes=0, wire="int8", plan="one-slice") as comm:
+    with ringreduce.Communicator(min_bytes=0, wire="int8", plan="one-slice",
+                                 hook_feedback=True) as comm:
         assert comm.topology.machines == machines
         table = accuracy(comm, rank, world, GPU_SIZES)
         non_finite(comm, rank, world)

@@ -245,7 +245,7 @@ def test_command_line_trains_every_kind_of_mode(tmp_path: Path) -> None:
 
 
 def test_wire_options_are_checked_before_any_process_starts() -> None:
-    """--wire-block and --no-hook-feedback: a block the wire refuses, or either option
+    """--wire-block and --hook-feedback: a block the wire refuses, or either option
     beside a sharded mode (whose Communicators take the library's defaults), is refused
     by plan(), which main() calls before spawning."""
     from benchmarks import text_lm
@@ -256,17 +256,17 @@ def test_wire_options_are_checked_before_any_process_starts() -> None:
     with pytest.raises(ValueError, match="multiple of 8"):
         text_lm.plan(parse(["--wire", "int8", "--wire-block", "100"]))
     with pytest.raises(ValueError, match="DDP's wire modes only"):
-        text_lm.plan(parse(["--wire", "int4,hsdp-int4", "--no-hook-feedback"]))
+        text_lm.plan(parse(["--wire", "int4,hsdp-int4", "--hook-feedback", "on"]))
 
 
 @pytest.mark.slow  # four short trainings in 4 spawned gloo ranks: ~1 min on 2 busy cores
 def test_wire_options_reach_the_ddp_hooks_communicator(tmp_path: Path) -> None:
-    """`--wire-block 64` and `--no-hook-feedback` change what int4 trains (its blocks'
-    rounding, no error carried to the next step): losses other than the default's, each
+    """`--wire-block 64` and `--hook-feedback on` change what int4 trains (its blocks'
+    rounding, the error carried to the next step): losses other than the default's, each
     JSON naming its options, replicas still bit-identical; fp32 takes no options."""
     runs = {}
     for name, extra in (("default", []), ("block64", ["--wire-block", "64"]),
-                        ("nofeedback", ["--no-hook-feedback"])):
+                        ("feedback", ["--hook-feedback", "on"])):
         out = tmp_path / f"{name}.json"
         cmd = [sys.executable, "benchmarks/text_lm.py", "--nprocs", "4", "--machines", "2",
                "--device", "cpu", "--steps", "8", "--warmup", "2", "--width", "16",
@@ -279,8 +279,8 @@ def test_wire_options_reach_the_ddp_hooks_communicator(tmp_path: Path) -> None:
     assert "wire_options" not in runs["default", "fp32"]
     assert runs["default", "int4"]["wire_options"] == {}
     assert runs["block64", "int4"]["wire_options"] == {"wire_block": 64}
-    assert runs["nofeedback", "int4"]["wire_options"] == {"hook_feedback": False}
+    assert runs["feedback", "int4"]["wire_options"] == {"hook_feedback": True}
     losses = {name: runs[name, "int4"]["train_last"] for name in ("default", "block64",
-                                                                    "nofeedback")}
+                                                                    "feedback")}
     assert len(set(losses.values())) == 3, losses
     assert all(runs[key]["identical"] for key in runs)

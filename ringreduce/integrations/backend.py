@@ -24,7 +24,7 @@ whatever RINGREDUCE_WIRE says (logged once when it is set), because every all-re
 of the group goes through here, a user's metric ``[loss, correct, total]`` or a
 SyncBatchNorm statistic as much as DDP's gradients, and a lossy format must touch only
 what the user asked to compress. Compression is per model: ``ringreduce.ddp.apply(
-model, wire="int8")`` (a hook, with error feedback), ``ringreduce.fsdp.apply``, or a
+model, wire="int8")`` (a hook), ``ringreduce.fsdp.apply``, or a
 Communicator's call with ``wire=``.
 
 A call the engine does not take (several tensors, another dtype or op such as

@@ -24,11 +24,12 @@ def ddp_hook(state: Communicator, bucket: dist.GradBucket) -> torch.futures.Futu
     plain DDP's in the last bit: the hierarchical route sums in another order than
     NCCL's, and fp32 is divided after the sum, not before.
 
-    With an 8- or 4-bit wire (``Communicator(wire="int8")``) each bucket keeps error
-    feedback under a key of its model's parameters (execution/buckets.py): models
+    With an 8- or 4-bit wire and ``Communicator(wire="int8", hook_feedback=True)`` (off
+    by default: Config.hook_feedback says why) each bucket keeps error feedback under a
+    key of its model's parameters (execution/buckets.py): models
     sharing one Communicator keep theirs apart, a bucket DDP rebuilds after the first
     step starts over, and ``comm.state_dict()`` carries it to a resumed run
-    (``Config.hook_feedback``; ``comm.reset_feedback()``).
+    (``comm.reset_feedback()`` clears it).
 
     ``state`` must be a Communicator over the model's process group
     (``ringreduce.ddp.apply`` builds one and checks the group); anything else is a

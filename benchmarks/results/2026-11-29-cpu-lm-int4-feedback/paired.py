@@ -21,9 +21,11 @@ FILES = {EARLIER / "base.json": "int4", EARLIER / "base_more.json": "int4",
          HERE / "mixed_nofb.json": "c4d8 nofb", HERE / "loco08.json": "int4 loco0.8",
          HERE / "mixed_loco08.json": "c4d8 loco0.8", HERE / "loco05.json": "int4 loco0.5",
          HERE / "mixed_loco05.json": "c4d8 loco0.5", HERE / "loco09.json": "int4 loco0.9",
-         HERE / "mixed_loco09.json": "c4d8 loco0.9"}
+         HERE / "mixed_loco09.json": "c4d8 loco0.9", HERE / "noise013.json": "noise 0.13",
+         HERE / "noise019.json": "noise 0.19", HERE / "noise009.json": "noise 0.09"}
 """Each run file and the name its int4 runs take here (c4d8: int4 collect, int8
-diffuse; nofb: no error memory; locoB: LoCo's moving average, beta B)."""
+diffuse; nofb: no error memory; locoB: LoCo's moving average, beta B; noise E: the
+control, exact sums plus unbiased noise of E x each block's RMS)."""
 
 
 def load() -> dict[tuple[str, int], dict]:
@@ -39,16 +41,18 @@ def load() -> dict[tuple[str, int], dict]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--against", default="fp32", help="the mode each seed pairs with")
     args = p.parse_args()
     runs = load()
-    fp32 = {s: r for (m, s), r in runs.items() if m == "fp32"}
-    modes = list(dict.fromkeys(m for m, _ in runs if m != "fp32"))
+    fp32 = {s: r for (m, s), r in runs.items() if m == args.against}
+    modes = list(dict.fromkeys(m for m, _ in runs if m not in ("fp32", args.against)))
     for key in ("train_last", "valid"):
         values = [fp32[s][key] for s in sorted(fp32)]
-        print(f"# {key}: fp32 seeds {','.join(map(str, sorted(fp32)))}: mean {st.mean(values):.4f}"
-              f", range {min(values):.4f}..{max(values):.4f}, sd {st.stdev(values):.4f}")
+        print(f"# {key} against {args.against}: its seeds {','.join(map(str, sorted(fp32)))}: "
+              f"mean {st.mean(values):.4f}, range {min(values):.4f}..{max(values):.4f}, "
+              f"sd {st.stdev(values):.4f}")
         for mode in modes:
-            seeds = sorted(s for m, s in runs if m == mode)
+            seeds = sorted(s for m, s in runs if m == mode and s in fp32)
             d = [runs[mode, s][key] - fp32[s][key] for s in seeds]
             se = st.stdev(d) / len(d) ** 0.5 if len(d) > 1 else float("nan")
             above = sum(x > 0 for x in d)

@@ -19,6 +19,13 @@ sum over steps still telescopes (its error (e_0 - e_T) / (1 - B)), while the mem
 averages each step's residual with the older ones, so a step's error is
 e_{t-1} - r_t with r_t the fresh residual, not r_{t-1} - r_t.
 
+``--noise EPS`` (a control, not a wire): the exact fp32 sum (torch.distributed's
+all-reduce on the default group) plus, per block of ``wire_block`` values, independent
+Gaussian noise of EPS times the block's RMS, the same on every rank (a generator seeded
+by the call count): an error of int4's per-call size (one call, no memory: 0.13) that is
+unbiased and independent from step to step, to tell whether the error's size alone
+costs the loss.
+
 text_lm.py's ``--no-hook-feedback`` passes no memory (errors None): both changes
 honour it (no memory is read or written).
 
@@ -40,6 +47,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
@@ -86,6 +94,9 @@ def study_all_reduce(t: torch.Tensor, op: str, fmt: quant.Format, block: int,
     if n == 0:
         return
     _announce(diffuse_name, beta, errors is not None)
+    if diffuse_name == "noise":
+        _noisy_exact(t, op, beta, block, topo.world_size)
+        return
     k = compressed.padded_row(n, topo.devices_per_machine, topo.machines, block)
     collect = LocoCodec(fmt, block, beta, t.device, on)
     diffuse = LocoCodec(DIFFUSE[diffuse_name], block, beta, t.device, on)
@@ -105,13 +116,36 @@ def study_all_reduce(t: torch.Tensor, op: str, fmt: quant.Format, block: int,
     compressed._unpack_into(t, rows, diffuse, op, ctx, on)
 
 
+def _noisy_exact(t: torch.Tensor, op: str, eps: float, block: int, world: int) -> None:
+    """t = the exact sum (or mean) plus eps x each block's RMS x N(0, 1), alike on every
+    rank (every rank makes the same calls in the same order)."""
+    dist.all_reduce(t)
+    if op == "avg":
+        t.div_(world)
+    n = t.numel()
+    padded = torch.zeros(-(-n // block) * block, dtype=torch.float32)
+    padded[:n] = t.view(-1)
+    blocks = padded.view(-1, block)
+    rms = blocks.pow(2).mean(1, keepdim=True).sqrt()
+    generator = torch.Generator().manual_seed(1_000_003 + len(_calls))
+    _calls.append(True)
+    noise = torch.randn(blocks.shape, generator=generator) * rms * eps
+    t.view(-1).add_(noise.view(-1)[:n].to(t.dtype))
+
+
+_calls: list[bool] = []
+
+
 def choice() -> tuple[str, float]:
-    """(diffuse format name, LoCo beta) from the environment (the library's: int4, 0)."""
-    diffuse, beta = os.environ.get(ENV, "int4:0").split(":")
-    if diffuse not in DIFFUSE or not 0.0 <= float(beta) < 1.0:
+    """(diffuse format name, LoCo beta) from the environment (the library's: int4, 0);
+    ("noise", eps) for the control."""
+    diffuse, value = os.environ.get(ENV, "int4:0").split(":")
+    if diffuse == "noise" and float(value) > 0:
+        return diffuse, float(value)
+    if diffuse not in DIFFUSE or not 0.0 <= float(value) < 1.0:
         raise ValueError(f"{ENV}={os.environ.get(ENV)!r}: want diffuse:beta, diffuse one of "
-                         f"{tuple(DIFFUSE)}, 0 <= beta < 1")
-    return diffuse, float(beta)
+                         f"{tuple(DIFFUSE)}, 0 <= beta < 1, or noise:eps, eps > 0")
+    return diffuse, float(value)
 
 
 _announced: list[bool] = []
@@ -120,9 +154,10 @@ _announced: list[bool] = []
 def _announce(diffuse: str, beta: float, feedback: bool) -> None:
     if not _announced:
         _announced.append(True)
-        print(f"# study_wire pid {os.getpid()}: collect int4, diffuse {diffuse}, "
-              f"feedback {'LoCo beta ' + str(beta) if feedback else 'off'}",
-              file=sys.stderr, flush=True)
+        route = f"exact sums + noise {beta} x block RMS" if diffuse == "noise" else \
+            f"collect int4, diffuse {diffuse}, feedback " + \
+            (f"LoCo beta {beta}" if feedback else "off")
+        print(f"# study_wire pid {os.getpid()}: {route}", file=sys.stderr, flush=True)
 
 
 compressed.all_reduce = study_all_reduce  # type: ignore[assignment]
@@ -132,8 +167,10 @@ def main() -> None:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--diffuse", choices=tuple(DIFFUSE), default="int4")
     p.add_argument("--loco-beta", type=float, default=0.0)
+    p.add_argument("--noise", type=float, help="the control: exact sums plus this noise")
     args, rest = p.parse_known_args()
-    os.environ[ENV] = f"{args.diffuse}:{args.loco_beta}"
+    os.environ[ENV] = f"{args.diffuse}:{args.loco_beta}" if args.noise is None else \
+        f"noise:{args.noise}"
     choice()  # refuse a bad choice before any rank starts
     from benchmarks import text_lm
     text_lm.main(rest)

@@ -59,8 +59,9 @@ def main() -> None:
             above = sum(x > 0 for x in d)
             cells = " ".join(f"{x:+.4f}" for x in d)
             if args.markdown:
-                print(f"| {mode} | {key} | {cells} | **{st.mean(d):+.4f}** | {se:.4f} | "
-                      f"{above} of {len(d)} |")
+                own = st.mean(runs[mode, s][key] for s in seeds)
+                print(f"| {mode} | {key} | {own:.4f} | {cells} | **{st.mean(d):+.4f}** | "
+                      f"{se:.4f} | {above} of {len(d)} |")
             else:
                 print(f"{mode:>14} seeds {','.join(map(str, seeds)):<12} {cells} | mean "
                       f"{st.mean(d):+.4f} (se {se:.4f}), above at {above} of {len(d)}")

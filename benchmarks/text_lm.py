@@ -90,12 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "takes exact where it is as fast as the wire (each run's JSON and "
                         "log say which: 'engine')")
     p.add_argument("--wire-block", type=int,
-                   help="the wire modes' Communicator(wire_block=...): values per quantization "
-                        "block (a multiple of 8; a power of two for int4); default: the "
-                        "library's")
+                   help="the DDP wire modes' Communicator(wire_block=...): values per "
+                        "quantization block (a multiple of 8; a power of two for int4); "
+                        "default: the library's")
     p.add_argument("--hook-feedback", choices=("on", "off"),
-                   help="the wire modes' Communicator(hook_feedback=...): error feedback in "
-                        "the DDP hook or none; default: the library's (off)")
+                   help="the ringreduce modes' Communicators(hook_feedback=...): error "
+                        "feedback on the quantized wire (DDP's hook, ringreduce.fsdp's "
+                        "hooks in the fsdp-/hsdp- modes) or none; default: the library's "
+                        "(off)")
     p.add_argument("--nprocs", type=int, help="ranks to spawn without a launcher")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when there is one")
     p.add_argument("--json", help="write every run's numbers here (rank 0), after each run")
@@ -119,16 +121,15 @@ def plan(args: argparse.Namespace) -> list[tuple[LmMode, int]]:
 
 
 def _check_wire_options(args: argparse.Namespace, modes: list[LmMode]) -> None:
-    """--wire-block and --hook-feedback reach the DDP wire modes' Communicator only:
-    refused with a sharded mode (fsdp_modes takes the library's defaults) and a block
-    the wires refuse is refused here, by Config's own check."""
+    """--hook-feedback reaches every ringreduce mode's Communicators (DDP's and the
+    sharded modes', one knob for every hook); --wire-block the DDP wire modes' only:
+    refused with a sharded mode (fsdp_modes takes the library's block), and a block the
+    wires refuse is refused here, by Config's own check."""
     options = _wire_options(args)
-    if not options:
-        return
     sharded = [m.name for m in modes if m.fsdp is not None]
-    if sharded:
-        raise ValueError(f"--wire-block/--hook-feedback apply to DDP's wire modes only; "
-                         f"drop them or run {sharded} separately")
+    if "wire_block" in options and sharded:
+        raise ValueError(f"--wire-block applies to DDP's wire modes only; drop it or run "
+                         f"{sharded} separately")
     for wire in {m.wire for m in modes if m.wire is not None}:
         Config(wire=wire, **options)
 
@@ -140,7 +141,8 @@ def setup(mode: LmMode, model: nn.Module, args: argparse.Namespace,
     if mode.fsdp is not None:
         assert meshes is not None, "rank_main makes the meshes when a mode shards"
         sharded = fsdp_modes.sharded(model, meshes.of(mode.fsdp), True)
-        opts = fsdp_modes.Options(machines=meshes.hsdp.size(0), min_bytes=0)
+        opts = fsdp_modes.Options(machines=meshes.hsdp.size(0), min_bytes=0,
+                                  hook_feedback=_wire_options(args).get("hook_feedback"))
         return sharded, fsdp_modes.attach(mode.fsdp, sharded, meshes, opts)
     ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None,
               bucket_cap_mb=args.bucket_mb)

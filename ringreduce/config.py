@@ -154,15 +154,18 @@ class Config:
     DEFAULT_WIRE_BLOCK says why 256."""
 
     hook_feedback: bool = False
-    """Whether the DDP hook keeps error feedback per bucket for the 8- and 4-bit wires
-    (``RINGREDUCE_HOOK_FEEDBACK=1``): the quantization error of a bucket is added to the
-    same bucket next step (compressed.py, about numel/D fp32 values per rank and bucket).
+    """Whether the hooks keep error feedback for the 8- and 4-bit wires
+    (``RINGREDUCE_HOOK_FEEDBACK=1``): the DDP hook per bucket, ``ringreduce.fsdp``'s hooks
+    (FSDP2's reduce-scatter, custom HSDP's replicate all-reduce) per FSDP module and
+    Communicator they reduce through; the quantization error of a bucket or module is
+    added to the same one next step (compressed.py, about numel/D fp32 values per rank
+    and key).
     Off by default, as training measured it: feedback keeps the sum over steps right but
     each step then delivers this step's error and last step's, twice the noise, and Adam
     on a language model pays for that (int4 trained it 0.03 above fp32's loss with
     feedback, 0.003 without; int8 0.004 and 0.000), while DLRM stays in fp32's spread
-    either way (docs/engineering.md, "Error feedback"). A call's own ``feedback=`` key
-    and FSDP's wire keep it regardless."""
+    either way (docs/engineering.md, "Error feedback"). One knob for every hook; a
+    call's own ``feedback=`` key keeps it regardless."""
 
     issuer: str | None = None
     """Internal, CUDA only: who issues a hierarchical call's work (either plan).

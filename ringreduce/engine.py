@@ -65,10 +65,11 @@ class Communicator(Calls):
     ``flight_file``; explicit arguments win over ``RINGREDUCE_*`` variables. ``internal``:
     Config's internal fields (config.INTERNAL, for tests and measurements; no variables).
 
-    With an 8- or 4-bit wire it keeps error feedback per key where asked: per DDP bucket
-    of each model its hook serves with ``hook_feedback`` (several models may share it), per
-    FSDP module, per user key; ``state_dict()`` / ``load_state_dict()`` carry it to a
-    resumed run.
+    With an 8- or 4-bit wire it keeps error feedback per key where asked: with
+    ``hook_feedback``, per DDP bucket of each model its hook serves (several models may
+    share it) and per FSDP module whose ``ringreduce.fsdp`` hooks reduce through it;
+    always per user key (``feedback=``). ``state_dict()`` / ``load_state_dict()`` carry
+    it to a resumed run.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, machines: int | None = None,

@@ -19,7 +19,8 @@ overflow; ``force_sum_reduction_for_comms``), ``PREMUL_SUM(1/f)`` for
 contract, so the exact route hands the call to it: reduce-scatter inside the machine,
 then along the rail (execution/collectives.py). With ``wire="int8" | "fp8" | "int4"``
 the rail hop is quantized (execution/compressed_scatter.py), with error feedback per
-FSDP module.
+FSDP module where the Communicator it reduces through has ``hook_feedback=True`` (off by
+default, as for the DDP hook: Config.hook_feedback says why).
 
 HSDP's replicate all-reduce. On a 2-D mesh ("native" HSDP: ``fully_shard(mesh=mesh)``
 with mesh dimensions (replicate, shard)) FSDP issues it itself, ``dist.all_reduce`` on
@@ -148,8 +149,10 @@ class RingReduceScatter(_ReduceScatterBase):
     ``FSDPModule.set_custom_reduce_scatter``. ``comms``: a Communicator over the shard
     group, the ShardGroupComms shared by a model's modules, or None (one built per
     group from ``settings``). ``wire``: None for the exact route (the gradient's own
-    dtype on every hop), or ``"int8"``, ``"fp8"``, ``"int4"`` for a quantized rail hop
-    with error feedback kept here, so use one object per FSDP module (``apply`` does)."""
+    dtype on every hop), or ``"int8"``, ``"fp8"``, ``"int4"`` for a quantized rail hop;
+    where the Communicator has ``hook_feedback=True`` (Config.hook_feedback, one knob for
+    every hook) error feedback is kept per object, so use one object per FSDP module
+    (``apply`` does)."""
 
     def __init__(self, comms: Communicator | ShardGroupComms | None = None, *,
                  wire: str | None = None, **settings: Any) -> None:
@@ -165,7 +168,7 @@ class RingReduceScatter(_ReduceScatterBase):
         self.wire = wire
         self._keys: list[tuple[Communicator, str]] = []
         """This module's error-feedback key in each Communicator it reduces through,
-        named at its first quantized call there: the n-th such hook of that
+        named at its first quantized call there that keeps feedback: the n-th such hook of that
         Communicator, the same in every process, so a saved state finds it again
         (``Communicator.state_dict``; execution/buckets.Names)."""
         self.replicate: ReplicaAllReduce | None = None
@@ -185,7 +188,7 @@ class RingReduceScatter(_ReduceScatterBase):
             fut = comm.reduce_scatter(output_tensor, input_tensor, op, async_op=async_op)
         else:
             fut = comm.reduce_scatter(output_tensor, input_tensor, op, async_op=async_op,
-                                      wire=self.wire, feedback=self._key_in(comm))
+                                      wire=self.wire, feedback=self._feedback_in(comm))
         if fut is None:
             return None
         # FSDP's interface returns a Work (FSDP itself passes no async_op); torch's own
@@ -193,7 +196,11 @@ class RingReduceScatter(_ReduceScatterBase):
         as_work = torch._C._distributed_c10d._create_work_from_future  # type: ignore[attr-defined]
         return as_work(fut)
 
-    def _key_in(self, comm: Communicator) -> str:
+    def _feedback_in(self, comm: Communicator) -> str | None:
+        """This module's feedback key in ``comm``, or None (no error feedback) unless
+        ``comm`` was built with ``hook_feedback=True``: the knob the DDP hook follows."""
+        if not comm.config.hook_feedback:
+            return None
         for used, key in self._keys:
             if used is comm:
                 return key
@@ -202,7 +209,8 @@ class RingReduceScatter(_ReduceScatterBase):
         return key
 
     def reset_feedback(self) -> None:
-        """Forget the error feedback, the replicate all-reduce's too."""
+        """Forget the error feedback, the replicate all-reduce's too (none kept without
+        ``hook_feedback``: then nothing to forget)."""
         for comm, key in self._keys:
             comm.reset_feedback(key)
         if self.replicate is not None:
@@ -231,6 +239,9 @@ def apply(model: nn.Module, comm: Communicator | None = None, *, wire: str | Non
     all-reduce hook then all-reduces its gradient shards across the replicas, with
     ``wire`` too (``hook.replicate``). A group gets a Communicator built now from
     ``settings`` (collective over it); pass a Communicator for other settings there.
+    Error feedback on the quantized wire follows the ``hook_feedback`` of each
+    Communicator a hook reduces through (off by default), as the DDP hook's does:
+    ``hook_feedback=True`` in ``settings`` turns it on in those built here.
     The shard group's Communicators get the same ``settings``: in custom HSDP that group
     is usually one machine, which detection finds; where ``machines=`` (or
     ``RINGREDUCE_MACHINES``) splits ranks into virtual machines, pass both Communicators

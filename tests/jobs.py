@@ -216,7 +216,8 @@ def shards(net: nn.Module) -> list[torch.Tensor]:
 
 
 def fsdp_job(rank: int, world: int, folder: str, phase: str) -> None:
-    """FSDP2 with ringreduce.fsdp.apply(wire="int8") on a given Communicator: "first"
+    """FSDP2 with ringreduce.fsdp.apply(wire="int8") on a given Communicator that keeps
+    error feedback (hook_feedback=True, as FSDP's wire follows the DDP hook's knob): "first"
     runs the uninterrupted job and a first half, checkpointed (the Communicator's state
     with torch.distributed.checkpoint); "resume" loads it in new processes and must end
     where the uninterrupted job did."""
@@ -224,22 +225,23 @@ def fsdp_job(rank: int, world: int, folder: str, phase: str) -> None:
     mesh = init_device_mesh(here().type, (world,))
     path = os.path.join(folder, f"fsdp{rank}.pt")
     if phase == "first":
-        with ringreduce.Communicator() as comm:
+        with ringreduce.Communicator(hook_feedback=True) as comm:
             net = fsdp_net(mesh)
             ringreduce.fsdp.apply(net, comm, wire="int8")
             fsdp_steps(rank, net, 0, 2 * STEPS)
             full = shards(net)
-        with ringreduce.Communicator() as comm:
+        with ringreduce.Communicator(hook_feedback=True) as comm:
             net = fsdp_net(mesh)
             ringreduce.fsdp.apply(net, comm, wire="int8")
             fsdp_steps(rank, net, 0, STEPS)
+            assert comm._feedback.nbytes() > 0, "no feedback kept: the resume shows nothing"
             torch.save({"full": full, "shards": shards(net)}, path)
             dcp.save({"ringreduce": comm.state_dict()}, checkpoint_id=os.path.join(folder, "dcp"))
         return
     ckpt = torch.load(path, map_location="cpu")  # shards() compares on the CPU
     saved = {"ringreduce": dcp_template(os.path.join(folder, "dcp"), rank, ("ringreduce",))}
     dcp.load(saved, checkpoint_id=os.path.join(folder, "dcp"))
-    with ringreduce.Communicator() as comm:
+    with ringreduce.Communicator(hook_feedback=True) as comm:
         net = fsdp_net(mesh)
         with torch.no_grad():
             for p, shard in zip(net.parameters(), ckpt["shards"], strict=True):

@@ -18,6 +18,7 @@ for a model sharded on ``mesh["shard"]`` alone, against native HSDP on gloo.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -189,6 +190,96 @@ def _replicate_worker(rank: int, world: int) -> None:
 
 def test_hsdp_replicate_all_reduce_through_ringreduce() -> None:
     run_test_ranks(_replicate_worker, 4, timeout=120)
+
+
+FEEDBACK_CALLS = 8
+
+
+def _repeated(call: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+              exact: torch.Tensor) -> tuple[list[torch.Tensor], float]:
+    """FEEDBACK_CALLS calls on the same input; the outputs, and the relative L2 error
+    of their mean against ``exact`` (feedback carries each call's rounding into the
+    next, so the errors cancel in the mean; without it every call rounds alike)."""
+    outs = [call(x.clone()) for _ in range(FEEDBACK_CALLS)]
+    mean = torch.stack(outs).double().mean(0)
+    return outs, float((mean - exact).norm() / exact.norm())
+
+
+def _wire_feedback(comm: ringreduce.Communicator, kind: str,
+                   call: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                   exact: torch.Tensor, reset: Callable[[], None]) -> None:
+    """One of ringreduce.fsdp's quantized hooks (``call``), FEEDBACK_CALLS times on the
+    same input through ``comm``: error-feedback memory, the saved state and the results
+    follow ``comm.config.hook_feedback``; ``reset`` (the hook's reset_feedback) forgets
+    it, so the next call is the first call's again, bit for bit."""
+    outs, err = _repeated(call, x, exact)
+    saved = comm.state_dict()[f"rank {comm.topology.rank}"]["feedback"]
+    if not comm.config.hook_feedback:
+        assert comm._feedback.nbytes() == 0 and saved == {}, (kind, sorted(saved))
+        assert all(torch.equal(o, outs[0]) for o in outs), f"{kind}: a call carried feedback"
+        reset()  # nothing kept: still callable
+        return
+    assert comm._feedback.nbytes() > 0 and sorted(saved) == [f"{kind} 0"], (kind, sorted(saved))
+    assert not torch.equal(outs[1], outs[0]), f"{kind}: the second call carried no feedback"
+    plain = float((outs[0].double() - exact).norm() / exact.norm())
+    assert err < plain / 2, f"{kind}: mean error {err:.3g} with feedback, {plain:.3g} without"
+    reset()
+    assert comm._feedback.nbytes() == 0
+    assert torch.equal(call(x.clone()), outs[0]), f"{kind}: reset_feedback kept some feedback"
+
+
+def _feedback_worker(rank: int, world: int, hook_feedback: bool | None) -> None:
+    """FSDP's quantized wire keeps error feedback only where the Communicator it reduces
+    through has ``hook_feedback=True``, the knob the DDP hook follows (None: the
+    default, off): FSDP2's reduce-scatter at 2 x 2 and custom HSDP's replicate
+    all-reduce (2 x 1), each against the exact sum of known inputs."""
+    from torch.distributed.device_mesh import init_device_mesh
+    settings = {} if hook_feedback is None else {"hook_feedback": hook_feedback}
+    g = torch.Generator().manual_seed(rank)
+    n = 40  # not a multiple of the 32-element wire block
+    # FSDP2's reduce-scatter (RingReduceScatter), SUM of every rank's block `rank`
+    mesh = init_device_mesh("cpu", (world,))
+    hook = ringreduce.fsdp.RingReduceScatter(wire="int8", machines=2, min_bytes=0,
+                                             wire_block=32, **settings)
+    x = torch.randn(world * n, generator=g)
+    every = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(every, x)
+    exact = torch.stack(every).double().view(world, world, n)[:, rank].sum(0)
+
+    def scatter(inp: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(n)
+        hook(out, inp, mesh.get_group(), dist.ReduceOp.SUM)
+        return out
+
+    comm = hook.comms.get(mesh.get_group())
+    assert comm.config.hook_feedback is bool(hook_feedback)
+    _wire_feedback(comm, "fsdp reduce_scatter", scatter, x, exact, hook.reset_feedback)
+    hook.comms.close()
+    # custom HSDP's replicate all-reduce (ReplicaAllReduce), AVG over the 2 replicas
+    hsdp = hsdp_mesh()
+    rep = ringreduce.Communicator(hsdp.get_group("replicate"), machines=2, min_bytes=0,
+                                  wire_block=32, **settings)
+    hooks = ringreduce.fsdp.apply(tanh_net(hsdp["shard"]), wire="int8", replicate=rep,
+                                  machines=1, min_bytes=0)
+    replica = hooks[0].replicate
+    assert replica is not None
+    y = torch.randn(3 * n, generator=g)
+    pair = [torch.empty_like(y) for _ in range(2)]
+    dist.all_gather(pair, y, group=hsdp.get_group("replicate"))
+
+    def average(t: torch.Tensor) -> torch.Tensor:
+        replica(t)
+        return t
+
+    _wire_feedback(rep, "fsdp all_reduce", average, y,
+                   torch.stack(pair).double().mean(0), hooks[0].reset_feedback)
+    hooks[0].comms.close()
+    rep.close()
+
+
+@pytest.mark.parametrize("hook_feedback", [None, True, False])
+def test_fsdp_wire_feedback_follows_hook_feedback(hook_feedback: bool | None) -> None:
+    run_test_ranks(_feedback_worker, 4, hook_feedback, timeout=120)
 
 
 def test_apply_refuses_a_model_without_fsdp_modules() -> None:

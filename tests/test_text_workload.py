@@ -245,9 +245,9 @@ def test_command_line_trains_every_kind_of_mode(tmp_path: Path) -> None:
 
 
 def test_wire_options_are_checked_before_any_process_starts() -> None:
-    """--wire-block and --hook-feedback: a block the wire refuses, or either option
-    beside a sharded mode (whose Communicators take the library's defaults), is refused
-    by plan(), which main() calls before spawning."""
+    """--wire-block and --hook-feedback: a block the wire refuses, or --wire-block beside
+    a sharded mode (whose Communicators take the library's block), is refused by plan(),
+    which main() calls before spawning; --hook-feedback reaches the sharded modes too."""
     from benchmarks import text_lm
     parse = text_lm.build_parser().parse_args
     assert len(text_lm.plan(parse(["--wire", "fp32,int4", "--wire-block", "64"]))) == 2
@@ -256,22 +256,29 @@ def test_wire_options_are_checked_before_any_process_starts() -> None:
     with pytest.raises(ValueError, match="multiple of 8"):
         text_lm.plan(parse(["--wire", "int8", "--wire-block", "100"]))
     with pytest.raises(ValueError, match="DDP's wire modes only"):
-        text_lm.plan(parse(["--wire", "int4,hsdp-int4", "--hook-feedback", "on"]))
+        text_lm.plan(parse(["--wire", "int4,hsdp-int4", "--wire-block", "64"]))
+    for flag in ("on", "off"):
+        assert len(text_lm.plan(parse(["--wire", "int4,hsdp-int4,fsdp-int8",
+                                       "--hook-feedback", flag]))) == 3
 
 
-@pytest.mark.slow  # four short trainings in 4 spawned gloo ranks: ~1 min on 2 busy cores
+@pytest.mark.slow  # six short trainings in 4 spawned gloo ranks: ~1 min on 2 busy cores
 def test_wire_options_reach_the_ddp_hooks_communicator(tmp_path: Path) -> None:
     """`--wire-block 64` and `--hook-feedback on` change what int4 trains (its blocks'
     rounding, the error carried to the next step): losses other than the default's, each
-    JSON naming its options, replicas still bit-identical; fp32 takes no options."""
+    JSON naming its options, replicas still bit-identical; fp32 takes no options.
+    `--hook-feedback on` reaches HSDP's replicate Communicator too (ringreduce.fsdp's
+    hooks follow the same knob): hsdp-int4 trains otherwise than without."""
     runs = {}
+    wires = {"default": "fp32,int4,hsdp-int4", "block64": "int4",
+             "feedback": "int4,hsdp-int4"}
     for name, extra in (("default", []), ("block64", ["--wire-block", "64"]),
                         ("feedback", ["--hook-feedback", "on"])):
         out = tmp_path / f"{name}.json"
         cmd = [sys.executable, "benchmarks/text_lm.py", "--nprocs", "4", "--machines", "2",
                "--device", "cpu", "--steps", "8", "--warmup", "2", "--width", "16",
                "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "2", "--corpus",
-               "topics", "--wire", "int4" if name != "default" else "fp32,int4",
+               "topics", "--wire", wires[name],
                "--plan", "pipelined", "--json", str(out), *extra]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -284,3 +291,7 @@ def test_wire_options_reach_the_ddp_hooks_communicator(tmp_path: Path) -> None:
                                                                     "feedback")}
     assert len(set(losses.values())) == 3, losses
     assert all(runs[key]["identical"] for key in runs)
+    assert runs["default", "hsdp-int4"]["wire_options"] == {}
+    assert runs["feedback", "hsdp-int4"]["wire_options"] == {"hook_feedback": True}
+    assert runs["default", "hsdp-int4"]["train_last"] != \
+        runs["feedback", "hsdp-int4"]["train_last"], "HSDP's wire ignored --hook-feedback"

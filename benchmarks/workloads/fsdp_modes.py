@@ -79,6 +79,8 @@ class Options:
     target_loss: float | None = None
     machines: int = 1
     min_bytes: int | None = None  # the Communicators' min_bytes; None: ringreduce's default
+    hook_feedback: bool | None = None  # the Communicators' error feedback on the wire; None:
+    # ringreduce's default (Config.hook_feedback)
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.modes if m not in MODES]
@@ -146,15 +148,17 @@ def attach(mode: Mode, model: nn.Module, meshes: Meshes,
         return []
     if not mode.hsdp:
         comm = ringreduce.Communicator(meshes.world.get_group(), machines=opts.machines,
-                                       min_bytes=opts.min_bytes)
+                                       min_bytes=opts.min_bytes,
+                                       hook_feedback=opts.hook_feedback)
         ringreduce.fsdp.apply(model, comm, wire=mode.wire)
         return [comm]
     # The shard group is one machine's devices, the replicate group one device of every
     # machine: each Communicator is told its own topology (RINGREDUCE_MACHINES, which
     # emulate.py exports for the world, would split the shard group too).
     shard = ringreduce.Communicator(meshes.hsdp.get_group("shard"), machines=1,
-                                    min_bytes=opts.min_bytes)
+                                    min_bytes=opts.min_bytes, hook_feedback=opts.hook_feedback)
     replicate = ringreduce.Communicator(meshes.hsdp.get_group("replicate"),
-                                        machines=opts.machines, min_bytes=opts.min_bytes)
+                                        machines=opts.machines, min_bytes=opts.min_bytes,
+                                        hook_feedback=opts.hook_feedback)
     ringreduce.fsdp.apply(model, shard, wire=mode.wire, replicate=replicate)
     return [shard, replicate]

@@ -14,7 +14,8 @@ starts:
                 machine's devices; machines are contiguous ranks)
   rr            fsdp-nccl + ``ringreduce.fsdp.apply(model, comm)``: the gradient
                 reduce-scatter inside the machine, then along the rail, in fp32
-  rr-int8       rr with ``wire="int8"``: the rail hop quantized, error feedback per module
+  rr-int8       rr with ``wire="int8"``: the rail hop quantized (error feedback per module
+                only with Options.hook_feedback: Config.hook_feedback, off by default)
   rr-hsdp       torch's "custom HSDP": ``fully_shard(mesh=mesh["shard"])`` and
                 ``apply(model, shard_comm, replicate=replicate_comm)``: the replicate
                 all-reduce through ringreduce (M machines x 1), fp32; the shard group is

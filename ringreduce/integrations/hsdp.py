@@ -21,8 +21,9 @@ class ReplicaAllReduce:
     group), for ``FSDPModule.set_all_reduce_hook`` of ``module``, sharded on the shard
     dimension alone (fsdp.py's docstring says why not on a 2-D mesh). In place, as
     torch requires: FSDP views the tensor as the gradient shards afterwards. ``wire``:
-    None for the exact all-reduce, or a quantized format with error feedback kept here
-    (one object per module, as ``apply`` makes them).
+    None for the exact all-reduce, or a quantized format, with error feedback kept here
+    where ``comm`` has ``hook_feedback=True`` (Config.hook_feedback: off by default, one
+    knob for every hook; one object per module, as ``apply`` makes them).
 
     Every call all-reduces: without native HSDP, FSDP calls the hook even under
     ``set_requires_all_reduce(False)`` and adds the result to the gradient, so a call
@@ -54,12 +55,19 @@ class ReplicaAllReduce:
         if self.wire is None or self.comm.topology.machines == 1:
             self.comm.all_reduce(reduce_output, op)
         else:
-            if self._key is None:
-                self._key = self.comm._feedback_name("fsdp all_reduce")
-            self.comm.all_reduce(reduce_output, op, wire=self.wire, feedback=self._key)
+            self.comm.all_reduce(reduce_output, op, wire=self.wire, feedback=self._feedback())
+
+    def _feedback(self) -> str | None:
+        """The feedback key, named at the first quantized call that keeps feedback; None
+        (no error feedback) unless ``comm`` has ``hook_feedback=True``, as DDP's hook."""
+        if not self.comm.config.hook_feedback:
+            return None
+        if self._key is None:
+            self._key = self.comm._feedback_name("fsdp all_reduce")
+        return self._key
 
     def reset_feedback(self) -> None:
-        """Forget the error feedback."""
+        """Forget the error feedback (none kept without ``hook_feedback``)."""
         if self._key is not None:
             self.comm.reset_feedback(self._key)
 

@@ -34,6 +34,22 @@
 // quant.cuh, compiled before this file (after numeric.cuh) by
 // ringreduce/execution/kernels.py.
 
+// residual[chunk] = v - x' (0 where not finite), x' the values the codes stand for.
+template <int FMT, int E, int L, bool VEC>
+__device__ __forceinline__ void store_residual(const float (&v)[E], const unsigned (&codes)[E / 4],
+                                               float scale, int lane, float* residual) {
+#pragma unroll
+    for (int c = 0; c < E / 4; ++c) {
+        float err[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float r = f_sub(v[c * 4 + e], f_mul(code_at<FMT>(codes[c], e), scale));
+            err[e] = finite(r) ? r : 0.0f;
+        }
+        store4<float, VEC>(residual + (c * L + lane) * 4, err);
+    }
+}
+
 // The group's quantization of its block: v (this lane's E values) -> codes and scale in
 // `row`, and, when `residual` is set, residual[chunk] = v - x' (0 where not finite). The
 // codes first, then (feedback only) the values they stand for: without feedback no
@@ -54,25 +70,25 @@ __device__ __forceinline__ void quantize_block(const float (&v)[E], bool active,
     const bool usable = usable_scale(scale);
     if (lane == 0) store_scale<VEC>(row.scale(b), scale);
     unsigned codes[E / 4];
+    const auto put = [&](auto code) {
 #pragma unroll
-    for (int c = 0; c < E / 4; ++c) {
-        codes[c] = 0;
+        for (int c = 0; c < E / 4; ++c) {
+            codes[c] = 0;
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            codes[c] |= encode<FMT>(v[c * 4 + e], scale, usable) << (bits * e);
-        store_codes<FMT, VEC>(row.payload(b, block, (c * L + lane) * 4, bits), codes[c]);
-    }
-    if (residual == nullptr) return;
-#pragma unroll
-    for (int c = 0; c < E / 4; ++c) {
-        float err[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float r = f_sub(v[c * 4 + e], f_mul(code_at<FMT>(codes[c], e), scale));
-            err[e] = finite(r) ? r : 0.0f;
+            for (int e = 0; e < 4; ++e) codes[c] |= code(v[c * 4 + e]) << (bits * e);
+            store_codes<FMT, VEC>(row.payload(b, block, (c * L + lane) * 4, bits), codes[c]);
         }
-        store4<float, VEC>(residual + (c * L + lane) * 4, err);
+    };
+    bool by_cuts = false;
+    if constexpr (FMT == 3) by_cuts = usable && inv_qmax == 1.0f;
+    if (by_cuts) {
+        // every value finite, |v| <= max-abs = scale > 0: the codes by compares, no division
+        const Gauss4Cuts cuts = gauss4_cuts(scale);
+        put([&](float x) { return static_cast<unsigned>(gauss4_code_cut(x, cuts)) & 0xfu; });
+    } else {
+        put([&](float x) { return encode<FMT>(x, scale, usable); });
     }
+    if (residual != nullptr) store_residual<FMT, E, L, VEC>(v, codes, scale, lane, residual);
 }
 
 // Threads a thread block of these kernels: kernels.py's THREADS (the rotated kernels'
@@ -395,11 +411,12 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
         const bool usable = usable_scale(scale);
         __syncwarp();  // every lane's B loads are done before the codes overwrite the tile
         if (FMT == 3 && usable && inv_qmax == 1.0f) {
-            // The common block, encode's steps without its clamp and nan test: every value
-            // is finite and |v| <= max-abs = scale > 0, so y = v / scale is in [-1, 1].
+            // The common block, encode's codes by compares (gauss4_cuts): every value is
+            // finite and |v| <= max-abs = scale > 0.
+            const Gauss4Cuts cuts = gauss4_cuts(scale);
 #pragma unroll
             for (int j = 0; j < E; ++j) tb[lane + 16 * j] = static_cast<unsigned char>(
-                static_cast<unsigned>(gauss4_code(f_div(v[j], scale))) & 0xfu);
+                static_cast<unsigned>(gauss4_code_cut(v[j], cuts)) & 0xfu);
         } else {
 #pragma unroll
             for (int j = 0; j < E; ++j) tb[lane + 16 * j] = static_cast<unsigned char>(

@@ -109,6 +109,48 @@ __device__ __forceinline__ int gauss4_code(float y) {
     return (__float_as_uint(y) >> 31) ? -m : m;
 }
 
+// gauss4_code(v / scale) for a block's finite values (|v| <= scale, scale usable) without
+// a division a value: RN(v / scale) > t exactly when |v| / scale > m, m the midpoint between
+// the threshold t and the next float (t = T / 2048 has a 0 last significand bit, so a tie
+// rounds to t, not above it), that is when |v| > m * scale; m * scale is exact in fp64
+// (25 x 24 significant bits) and a float |v| exceeds it exactly when it exceeds it rounded
+// down to a float. So the block's 7 cuts RD(m_j * scale), then compares only: the same
+// codes as gauss4_code(f_div(v, scale)), bit for bit, at any scale.
+// The cuts as bit patterns, compared as integers (non-negative floats order as their bits):
+// subnormal values and scales are compared as they are, whatever the module's -ftz, and the
+// conversions are PTX's without .ftz for the same reason.
+struct Gauss4Cuts {
+    unsigned c[7];
+};
+
+__device__ __forceinline__ Gauss4Cuts gauss4_cuts(float scale) {
+    // T_j / 2048 + half its ulp (2^(e - 24) for T_j / 2048 in [2^e, 2^(e + 1)))
+    constexpr double mid[7] = {98.0 / 2048 + 0x1p-29,  296.0 / 2048 + 0x1p-27,
+                               503.0 / 2048 + 0x1p-27, 725.0 / 2048 + 0x1p-26,
+                               973.0 / 2048 + 0x1p-26, 1268.0 / 2048 + 0x1p-25,
+                               1653.0 / 2048 + 0x1p-25};
+    double s;
+    asm("cvt.f64.f32 %0, %1;" : "=d"(s) : "f"(scale));
+    Gauss4Cuts k;
+#pragma unroll
+    for (int j = 0; j < 7; ++j) {
+        float c;
+        asm("cvt.rm.f32.f64 %0, %1;" : "=f"(c) : "d"(mid[j] * s));
+        k.c[j] = __float_as_uint(c);
+    }
+    return k;
+}
+
+// gauss4_code's binary search on |v| against the block's cuts.
+__device__ __forceinline__ int gauss4_code_cut(float v, const Gauss4Cuts& k) {
+    const unsigned a = __float_as_uint(v) & 0x7fffffffu;
+    const bool p4 = a > k.c[3];
+    const bool p2 = a > (p4 ? k.c[5] : k.c[1]);
+    const unsigned t = p4 ? (p2 ? k.c[6] : k.c[4]) : (p2 ? k.c[2] : k.c[0]);
+    const int m = (p4 ? 4 : 0) + (p2 ? 2 : 0) + (a > t ? 1 : 0);
+    return (__float_as_uint(v) >> 31) ? -m : m;
+}
+
 // float -> e4m3fn bits: c10::detail::fp8e4m3fn_from_fp32_value, step for step (what
 // torch's .to(torch.float8_e4m3fn) runs); |f| <= 448 here, so its nan branch is moot.
 __device__ __forceinline__ unsigned e4m3_bits(float f) {

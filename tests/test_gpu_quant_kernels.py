@@ -172,3 +172,46 @@ def test_dequantize_matches_torch(kernels, name: str, dtype: torch.dtype) -> Non
             assert torch.equal(got[0, block:3 * block], torch.zeros(2 * block, device="cuda"))
             bad = got[0, 5 * block:7 * block]
             assert not torch.isfinite(bad).any(), "a block with inf/nan must come back non-finite"
+
+
+def _near_thresholds(nblocks: int, block: int, exponents: range, seed: int) -> torch.Tensor:
+    """(1, nblocks * block) fp32: block b's max-abs s_b = 2^e (1 + u) for e over
+    ``exponents``, its other values +-t s_b (1 + k 2^-23), t one of GAUSS4_THRESHOLDS / 2048
+    and k in -3..3: v / s_b within a few ulps of a threshold on both sides, at scales from
+    near-subnormal to huge (the 4-bit codes' compares, native/quant.cuh's gauss4_cuts)."""
+    g = torch.Generator().manual_seed(seed)
+    e = torch.tensor(list(exponents), dtype=torch.float64)[torch.randint(len(exponents),
+                                                                         (nblocks, 1), generator=g)]
+    s = torch.exp2(e) * (1 + torch.rand(nblocks, 1, generator=g, dtype=torch.float64))
+    s = s.float().double()  # the block's max-abs, exactly a float
+    t = torch.tensor(quant.GAUSS4_THRESHOLDS, dtype=torch.float64)[
+        torch.randint(7, (nblocks, block), generator=g)] / (2 * quant.GAUSS4_DENOMINATOR)
+    k = torch.randint(-3, 4, (nblocks, block), generator=g, dtype=torch.float64)
+    sign = torch.randint(2, (nblocks, block), generator=g, dtype=torch.float64) * 2 - 1
+    w = sign * t * s * (1 + k * 2.0 ** -23)
+    w[:, 0] = s[:, 0]
+    return w.float().reshape(1, -1).cuda()
+
+
+@pytest.mark.parametrize("rotate", (False, True), ids=("rotated-domain", "rotated-here"))
+@pytest.mark.parametrize("feedback", (False, True))
+def test_int4_codes_next_to_every_threshold(kernels, rotate: bool, feedback: bool) -> None:  # type: ignore[no-untyped-def]
+    """The 4-bit codes where a division's last bit decides them: values within a few ulps of
+    every threshold times their block's scale, at scales 2^-126 .. 2^120, through each
+    kernel that codes them (rr_quantize_rot256 and rr_quantize, rotated or not, with and
+    without a residual), bit for bit against quant.py's torch ops (their division)."""
+    fused, torch_ops = _codecs(kernels, "int4", 256)
+    nblocks = 4096
+    w = _near_thresholds(nblocks, 256, range(-126, 111, 3) if rotate else range(-126, 127, 2),
+                         seed=5)
+    if rotate:  # rotating it again lands within a few ulps of w (the rotation's rounding)
+        quant.rotate_back(w, 256)
+    k = nblocks * 256
+    residual = torch.zeros(1, k, device="cuda") if feedback else None
+    want_res = None if residual is None else residual.clone()
+    want, got = fused.packed(1, k), fused.packed(1, k)
+    torch_ops.quantize(w.clone(), want, want_res, rotate=rotate)
+    fused.quantize(w, got, residual, rotate=rotate)
+    torch.cuda.synchronize()
+    assert _same_packed(got, want, k, 256)
+    assert residual is None or want_res is None or _same(residual, want_res)

@@ -10,6 +10,7 @@ across calls), so runs of different calls pair.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import tarfile
 from pathlib import Path
@@ -37,6 +38,32 @@ def runs() -> dict[tuple[str, int], dict[str, float]]:
     return found
 
 
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (no scipy here): bisection on the CDF, Simpson's rule on the
+    density from 0."""
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+
+    def cdf(x: float, n: int = 2000) -> float:
+        h = x / n
+        f = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(n + 1)]
+        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    lo, hi = 0.0, 50.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def interval(diffs: list[float]) -> str:
+    """The paired mean difference's 95 % t-interval (needs 2 seeds or more)."""
+    if len(diffs) < 2:
+        return ""
+    half = t_quantile(0.975, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    mean = statistics.mean(diffs)
+    return f", 95 % interval {mean - half:+.4f}..{mean + half:+.4f}"
+
+
 def main() -> None:
     found = runs()
     fp32 = {seed: v for (mode, seed), v in found.items() if mode == "fp32"}
@@ -50,8 +77,8 @@ def main() -> None:
             above = sum(found[mode, s][what] > max(ref) for s in seeds)
             print(f"{mode:>12} seeds {','.join(map(str, seeds)):<10} "
                   + " ".join(f"{d:+.4f}" for d in diffs)
-                  + f" | mean {statistics.mean(diffs):+.4f}; above fp32's range at {above} "
-                    f"of {len(seeds)}")
+                  + f" | mean {statistics.mean(diffs):+.4f}{interval(diffs)}; above fp32's "
+                    f"range at {above} of {len(seeds)}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -151,6 +153,48 @@ def test_gauss4_levels_are_exact_and_ties_go_down() -> None:
         quant.dequantize(packed, fmt, block, out)
         assert torch.equal(out[0, :want.numel()], want), (values, out)
         assert out[0, -1] == levels[-1]  # the max itself: the top level
+
+
+def test_gauss4_cuts_give_the_division_codes() -> None:
+    """native/quant.cuh codes int4 without a division a value: RN(v / s) > t exactly when
+    |v| > RD(m s), m the midpoint between the threshold t and the next float (t's last
+    significand bit 0: a tie goes down to t), m s exact in fp64. That arithmetic in torch
+    against quant.quantize's division, on values within 3 ulps of every threshold at scales
+    2^-149 .. 2^127, and the kernel's midpoints read from quant.cuh against the thresholds."""
+    from ringreduce.execution.kernels import source_dir
+
+    t = torch.tensor(quant.GAUSS4_THRESHOLDS, dtype=torch.float32) / 2048
+    assert not (t.view(torch.int32) & 1).any(), "a tie would round up: the cuts need >="
+    mid = (t.double() + torch.nextafter(t, torch.tensor(2.0)).double()) / 2
+    source = (source_dir() / "quant.cuh").read_text()
+    written = [int(n) / 2048 + 2.0 ** -int(e)
+               for n, e in re.findall(r"(\d+)\.0 / 2048 \+ 0x1p-(\d+)", source)]
+    assert written == mid.tolist(), (written, mid.tolist())
+
+    g = torch.Generator().manual_seed(3)
+    nblocks, block = 4096, 64
+    exponent = torch.randint(-149, 128, (nblocks, 1), generator=g).double()
+    s = (torch.exp2(exponent) * (1 + torch.rand(nblocks, 1, generator=g, dtype=torch.float64)))
+    s = s.float().clamp(min=2.0 ** -149, max=torch.finfo(torch.float32).max).double()
+    pick = torch.randint(len(t), (nblocks, block), generator=g)
+    ulps = torch.randint(-3, 4, (nblocks, block), generator=g).double()
+    sign = torch.randint(2, (nblocks, block), generator=g).double() * 2 - 1
+    x = (sign * t.double()[pick] * s * (1 + ulps * 2.0 ** -23)).float()
+    x[:, 0] = s[:, 0].float()  # the block's max-abs: its scale
+    fmt = quant.Format("gauss4", 1.0, 4, "gauss4")
+    packed = torch.empty(1, fmt.row_bytes(nblocks * block, block), dtype=torch.uint8)
+    quant.quantize(x.view(1, -1).clone(), fmt, block, packed)
+    payload = packed[0, nblocks * quant.SCALE_BYTES:]
+    want = torch.stack((payload & 0xF, payload >> 4), dim=-1).view(nblocks, block)
+
+    product = mid * s  # exact: 25 x 24 significant bits
+    cuts = product.float()
+    cuts = torch.where(cuts.double() > product, torch.nextafter(cuts, torch.tensor(-1.0)), cuts)
+    m = (x.abs().unsqueeze(-1) > cuts.unsqueeze(1)).sum(-1)
+    got = torch.where(x.signbit(), -m, m).to(torch.int8).view(torch.uint8) & 0xF
+    near = ((x / s.float()).abs().unsqueeze(-1) / t - 1).abs().amin(-1) < 4 * 2.0 ** -23
+    assert near.float().mean() > 0.8  # the values are where the last bit decides
+    assert torch.equal(got, want)
 
 
 def test_rotated_wire_keeps_zeros_and_non_finite_blocks() -> None:

@@ -115,10 +115,12 @@ __device__ __forceinline__ int gauss4_code(float y) {
 // rounds to t, not above it), that is when |v| > m * scale; m * scale is exact in fp64
 // (25 x 24 significant bits) and a float |v| exceeds it exactly when it exceeds it rounded
 // down to a float. So the block's 7 cuts RD(m_j * scale), then compares only: the same
-// codes as gauss4_code(f_div(v, scale)), bit for bit, at any scale.
-// The cuts as bit patterns, compared as integers (non-negative floats order as their bits):
-// subnormal values and scales are compared as they are, whatever the module's -ftz, and the
-// conversions are PTX's without .ftz for the same reason.
+// codes as gauss4_code(f_div(v, scale)), bit for bit, at any scale (tests/test_cpu_wire.py
+// checks the arithmetic and these midpoints against quant.py's thresholds).
+//
+// The cuts are kept as bit patterns and compared as integers (non-negative floats order as
+// their bits), so subnormal values and scales compare as they are whatever the module's
+// -ftz; the conversions are PTX's without .ftz for the same reason.
 struct Gauss4Cuts {
     unsigned c[7];
 };

@@ -6,7 +6,8 @@ wires in DDP, and FSDP2/HSDP on torch's collectives against ``ringreduce.fsdp.ap
 Every mode of ``--wire`` (workloads/text_report.py names them: ``fp32``, ``bf16-hook``,
 a wire such as ``int8``; ``fsdp-nccl``, ``hsdp-int4``, ...) trains a fresh model from a
 seed, in one process set, one after the other: the ``--spread`` modes (default fp32) at
-every ``--seed``, first, then the others at the first seed. Batches: windows of the
+every ``--seed``, first (seed by seed, so a set cut short keeps whole pairs), then the
+others at the first seed. Batches: windows of the
 training documents drawn per rank and seed (the same in every mode); validation: the
 held-out documents. Each run prints the mean train loss over its last 100 steps (over
 ranks), the validation loss, samples/s over the steps after ``--warmup`` and whether
@@ -107,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def plan(args: argparse.Namespace) -> list[tuple[LmMode, int]]:
-    """(mode, seed) in the order they run: the spread modes at every seed, then the rest
-    at the first seed. Checked before any process starts."""
+    """(mode, seed) in the order they run: the spread modes at every seed, seed by seed,
+    then the rest at the first seed. Checked before any process starts."""
     modes = text_report.parse_modes(args.wire)
     spread = set(args.spread.split(","))
     seeds = [int(s) for s in args.seed.split(",")]
@@ -116,7 +117,7 @@ def plan(args: argparse.Namespace) -> list[tuple[LmMode, int]]:
         raise ValueError(f"--steps {args.steps} --warmup {args.warmup}: need 0 <= warmup < "
                          "steps (the steps after warm-up are timed)")
     _check_wire_options(args, modes)
-    return [(m, s) for m in modes if m.name in spread for s in seeds] + \
+    return [(m, s) for s in seeds for m in modes if m.name in spread] + \
         [(m, seeds[0]) for m in modes if m.name not in spread]
 
 

@@ -262,6 +262,16 @@ def test_wire_options_are_checked_before_any_process_starts() -> None:
                                        "--hook-feedback", flag]))) == 3
 
 
+def test_spread_modes_run_seed_by_seed() -> None:
+    """The --spread modes alternate at each seed before the next seed starts, so a process
+    set cut short by its limit keeps whole pairs (fp32 and the wire at the same seed)."""
+    from benchmarks import text_lm
+    args = text_lm.build_parser().parse_args(
+        ["--wire", "fp32,int4,int8", "--spread", "fp32,int4", "--seed", "5,6"])
+    assert [(m.name, s) for m, s in text_lm.plan(args)] == \
+        [("fp32", 5), ("int4", 5), ("fp32", 6), ("int4", 6), ("int8", 5)]
+
+
 @pytest.mark.slow  # six short trainings in 4 spawned gloo ranks: ~1 min on 2 busy cores
 def test_wire_options_reach_the_ddp_hooks_communicator(tmp_path: Path) -> None:
     """`--wire-block 64` and `--hook-feedback on` change what int4 trains (its blocks'

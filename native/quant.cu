@@ -362,7 +362,9 @@ __device__ __forceinline__ void store_word(unsigned char* p, unsigned u) {
 // loads for fp32), multiplied by the signs, passes h = 1, 2, 4, 8; through the group's
 // tile into B (register j of lane l: element l + 16 * j), passes h = 16 .. 128: quant.py's
 // rotate, the same products, sums and order. In B the block's max-abs (16 registers,
-// then 4 xor-shuffles inside the 16 lanes) and each value's code (quant.cuh's encode).
+// then 4 xor-shuffles inside the 16 lanes) and each value's code: int4's from the group's
+// bucket table (quant.cuh's Gauss4Bucket: one fma, one lookup, one compare a value), the
+// rest, and int4 blocks of scales below 2^-100, by quant.cuh's encode.
 // The codes go back to element order as bytes through the tile (code of element i at
 // byte i), and lane l packs elements l * 16 .. l * 16 + 15 into 2 words (int4; 8-bit
 // codes 4) of the payload.
@@ -379,6 +381,18 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
     float* const t = reinterpret_cast<float*>(tile) + (threadIdx.x >> 5) * 2 * stride +
                      group * stride;
     unsigned char* const tb = reinterpret_cast<unsigned char*>(t);
+    // gauss4's bucket table (quant.cuh's Gauss4Bucket), the group's own: every entry's codes
+    // once; each block, lanes 0-6 write threshold `lane`'s cut into its two entries.
+    // (512 bytes a table, 64 entries of which 33 are used: an entry's address is one or
+    // of the table's and the bucket's, gauss4_bucket)
+    __shared__ __align__(512) Gauss4Bucket buckets[FMT == 3 ? RR_QUANT_THREADS / 16 * GAUSS4_TABLE : 1];
+    Gauss4Bucket* const table = buckets + (FMT == 3 ? (threadIdx.x >> 4) * GAUSS4_TABLE : 0);
+    const unsigned table_at = static_cast<unsigned>(__cvta_generic_to_shared(table));
+    const double mid = gauss4_mid(lane);
+    const int at = gauss4_bucket_of(lane);
+    if constexpr (FMT == 3) {
+        for (int n = lane; n < GAUSS4_BUCKETS; n += 16) gauss4_bucket_init(n, table);
+    }
     // quant.py's signs of rotate for A's elements: s_i 2^-4 (log2(256) / 2).
     float d[E];
     {
@@ -409,14 +423,25 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
             maxabs = nan_max(maxabs, __shfl_xor_sync(0xffffffffu, maxabs, o));
         const float scale = f_mul(maxabs, inv_qmax);
         const bool usable = usable_scale(scale);
-        __syncwarp();  // every lane's B loads are done before the codes overwrite the tile
-        if (FMT == 3 && usable && inv_qmax == 1.0f) {
-            // The common block, encode's codes by compares (gauss4_cuts): every value is
-            // finite and |v| <= max-abs = scale > 0.
-            const Gauss4Cuts cuts = gauss4_cuts(scale);
+        // The common block: every value finite, |v| <= max-abs = scale >= 2^-100.
+        const bool bucketed = FMT == 3 && usable && inv_qmax == 1.0f &&
+                              __float_as_uint(scale) >= GAUSS4_BUCKET_MIN_SCALE;
+        if (bucketed && lane < 7) {
+            const unsigned cut = gauss4_cut(mid, scale);
+            table[16 + at].cut = cut;
+            table[16 - at].cut = cut | 0x80000000u;
+        }
+        // every lane's B loads are done before the codes overwrite the tile, the previous
+        // block's table reads before these cuts, these cuts before this block's reads
+        __syncwarp();
+        if (bucketed) {
+            const float r16 = f_div(16.0f, scale);
 #pragma unroll
-            for (int j = 0; j < E; ++j) tb[lane + 16 * j] = static_cast<unsigned char>(
-                static_cast<unsigned>(gauss4_code_cut(v[j], cuts)) & 0xfu);
+            for (int j = 0; j < E; ++j) {
+                const Gauss4Bucket e = gauss4_bucket(v[j], r16, table_at);
+                tb[lane + 16 * j] = static_cast<unsigned char>(
+                    __float_as_uint(v[j]) > e.cut ? e.codes >> 8 : e.codes);
+            }
         } else {
 #pragma unroll
             for (int j = 0; j < E; ++j) tb[lane + 16 * j] = static_cast<unsigned char>(

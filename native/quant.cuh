@@ -125,21 +125,27 @@ struct Gauss4Cuts {
     unsigned c[7];
 };
 
-__device__ __forceinline__ Gauss4Cuts gauss4_cuts(float scale) {
-    // T_j / 2048 + half its ulp (2^(e - 24) for T_j / 2048 in [2^e, 2^(e + 1)))
-    constexpr double mid[7] = {98.0 / 2048 + 0x1p-29,  296.0 / 2048 + 0x1p-27,
-                               503.0 / 2048 + 0x1p-27, 725.0 / 2048 + 0x1p-26,
-                               973.0 / 2048 + 0x1p-26, 1268.0 / 2048 + 0x1p-25,
-                               1653.0 / 2048 + 0x1p-25};
+// T_j / 2048 + half its ulp (2^(e - 24) for T_j / 2048 in [2^e, 2^(e + 1))).
+__device__ __forceinline__ double gauss4_mid(int j) {
+    return j == 0 ? 98.0 / 2048 + 0x1p-29 : j == 1 ? 296.0 / 2048 + 0x1p-27
+         : j == 2 ? 503.0 / 2048 + 0x1p-27 : j == 3 ? 725.0 / 2048 + 0x1p-26
+         : j == 4 ? 973.0 / 2048 + 0x1p-26 : j == 5 ? 1268.0 / 2048 + 0x1p-25
+         : 1653.0 / 2048 + 0x1p-25;
+}
+
+// RD(mid * scale) as bits: the cut of the threshold whose midpoint is mid.
+__device__ __forceinline__ unsigned gauss4_cut(double mid, float scale) {
     double s;
     asm("cvt.f64.f32 %0, %1;" : "=d"(s) : "f"(scale));
+    float c;
+    asm("cvt.rm.f32.f64 %0, %1;" : "=f"(c) : "d"(mid * s));
+    return __float_as_uint(c);
+}
+
+__device__ __forceinline__ Gauss4Cuts gauss4_cuts(float scale) {
     Gauss4Cuts k;
 #pragma unroll
-    for (int j = 0; j < 7; ++j) {
-        float c;
-        asm("cvt.rm.f32.f64 %0, %1;" : "=f"(c) : "d"(mid[j] * s));
-        k.c[j] = __float_as_uint(c);
-    }
+    for (int j = 0; j < 7; ++j) k.c[j] = gauss4_cut(gauss4_mid(j), scale);
     return k;
 }
 
@@ -151,6 +157,63 @@ __device__ __forceinline__ int gauss4_code_cut(float v, const Gauss4Cuts& k) {
     const unsigned t = p4 ? (p2 ? k.c[6] : k.c[4]) : (p2 ? k.c[2] : k.c[0]);
     const int m = (p4 ? 4 : 0) + (p2 ? 2 : 0) + (a > t ? 1 : 0);
     return (__float_as_uint(v) >> 31) ? -m : m;
+}
+
+// gauss4's codes by a table of buckets (rr_quantize_rot256's common block): entry n of a
+// block's table serves the values v whose v * 16 / scale rounds to n - 16. Every threshold
+// lies inside one bucket, at least 13/2048 of the scale from its edges (973 against 960), so
+// a bucket holds one at most, and a value's code is the entry's code0, or its code1 when v
+// is above that threshold's cut: one lookup and one compare a value instead of
+// gauss4_code_cut's three compares and six selects, the same codes. The bucket comes from a
+// rounded reciprocal and an fma, far closer than 13/2048; the decision stays the cut's
+// exact integer compare, on v's own bits (a negative bucket's cut carries the sign bit,
+// since every v there is negative). Entries without a threshold never pass their compare
+// (cut 0xffffffff). Kept to scales >= 2^-100 (16 / scale finite, exact enough).
+struct Gauss4Bucket {
+    unsigned cut, codes;  // codes: code0 in byte 0, code1 in byte 1
+};
+constexpr int GAUSS4_BUCKETS = 33;
+constexpr int GAUSS4_TABLE = 64;  // entries a table takes: 512 bytes
+constexpr unsigned GAUSS4_BUCKET_MIN_SCALE = 27u << 23;  // bits of 2^-100
+
+// v's entry of the table at shared-memory address `table` (a multiple of 512): fma's sum
+// 1.5 * 2^20 + 16.5 + v * 16 / scale, rounded to 1/8 (its ulp), has 8 * floor(16 y +
+// 16.5) = 8 * n in bits 3-8 of its significand, y = v / scale in [-1, 1]: n's bucket
+// within 1/16 of its edges (an -ftz flush of a subnormal v, to bucket 16, is as close).
+// The address is one or; volatile: the load stays after the __syncwarp that publishes
+// the block's cuts.
+__device__ __forceinline__ Gauss4Bucket gauss4_bucket(float v, float r16, unsigned table) {
+    const float f = fmaf(v, r16, 1572880.5f);  // 1.5 * 2^20 + 16.5
+    Gauss4Bucket e;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(e.cut), "=r"(e.codes)
+                 : "r"((__float_as_uint(f) & 0x1f8u) | table));
+    return e;
+}
+
+// Entry n's codes (its cut: 0xffffffff, or the block's cut of its threshold), and which
+// threshold it holds (-1: none).
+__device__ __forceinline__ int gauss4_bucket_init(int n, Gauss4Bucket* table) {
+    const int b = n < 16 ? 16 - n : n - 16;  // |bucket|
+    // its edges in 1/2048 of the scale, widened by gauss4_bucket's 1/16 of a bucket
+    const int lo = 128 * b - 64 - 8, hi = 128 * b + 64 + 8;
+    constexpr int T[7] = {98, 296, 503, 725, 973, 1268, 1653};
+    int below = 0, inside = -1;
+#pragma unroll
+    for (int j = 0; j < 7; ++j) {
+        below += T[j] < lo ? 1 : 0;
+        inside = lo <= T[j] && T[j] <= hi ? j : inside;
+    }
+    const int sign = n < 16 ? -1 : 1;
+    const int above = inside < 0 ? below : below + 1;
+    table[n] = Gauss4Bucket{0xffffffffu, (static_cast<unsigned>(sign * below) & 0xfu) |
+                                             (static_cast<unsigned>(sign * above) & 0xfu) << 8};
+    return inside;
+}
+
+// This lane's threshold j's place in the table: lanes 0-6 write cut j into entries 16 +- b_j.
+__device__ __forceinline__ int gauss4_bucket_of(int j) {
+    return j == 0 ? 1 : j == 1 ? 2 : j == 2 ? 4 : j == 3 ? 6 : j == 4 ? 8 : j == 5 ? 10 : 13;
 }
 
 // float -> e4m3fn bits: c10::detail::fp8e4m3fn_from_fp32_value, step for step (what

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -195,6 +196,78 @@ def test_gauss4_cuts_give_the_division_codes() -> None:
     near = ((x / s.float()).abs().unsqueeze(-1) / t - 1).abs().amin(-1) < 4 * 2.0 ** -23
     assert near.float().mean() > 0.8  # the values are where the last bit decides
     assert torch.equal(got, want)
+
+
+def test_gauss4_buckets_give_the_division_codes() -> None:
+    """rr_quantize_rot256 codes int4 by a table (native/quant.cuh's Gauss4Bucket): entry n
+    of 33 for the values whose v * 16 / s rounds to n - 16, holding a code, the next one and
+    the cut of the one threshold inside the bucket (widened by the bucket's rounding error).
+    That table built as quant.cuh builds it (its margin, fma constant and mask read from the
+    source), against quant.quantize's division: on values next to every threshold and next
+    to every bucket edge at scales 2^-100 .. 2^127, with the bucket off by its whole
+    rounding error either way, and through the kernel's own float32 arithmetic."""
+    from ringreduce.execution.kernels import source_dir
+
+    source = (source_dir() / "quant.cuh").read_text()
+    margin = int(re.search(r"128 \* b - 64 - (\d+)", source).group(1))  # type: ignore[union-attr]
+    magic = re.search(r"fmaf\(v, r16, ([\d.]+)f\)", source).group(1)  # type: ignore[union-attr]
+    mask = re.search(r"__float_as_uint\(f\) & (0x[0-9a-f]+)u\) \| table", source).group(1)  # type: ignore[union-attr]
+    ulp = 2.0 ** (math.floor(math.log2(float(magic))) - 23)  # of the fma's sum
+    assert float(magic) == 1.5 * 2.0 ** 20 + 16.5 and ulp == 1 / 8 and int(mask, 16) == 0x1f8
+    assert margin == 2048 / 16 * ulp / 2  # the sum's rounding, in 1/2048 of the scale
+
+    t = torch.tensor(quant.GAUSS4_THRESHOLDS, dtype=torch.float64)
+    entries = []  # (threshold inside or -1, code, code above it) by n
+    for n in range(33):
+        b = abs(n - 16)
+        lo, hi = 128 * b - 64 - margin, 128 * b + 64 + margin
+        held = [j for j, x in enumerate(quant.GAUSS4_THRESHOLDS) if lo <= x <= hi]
+        assert len(held) <= 1, (n, held)
+        below, sign = int((t < lo).sum()), -1 if n < 16 else 1
+        entries.append((held[0] if held else -1, (sign * below) & 0xF,
+                        (sign * (below + len(held))) & 0xF))
+    inside, code0, code1 = (torch.tensor(c) for c in zip(*entries, strict=True))
+
+    g = torch.Generator().manual_seed(4)
+    nblocks, block = 4096, 64
+    exponent = torch.randint(-100, 127, (nblocks, 1), generator=g).double()
+    s = (torch.exp2(exponent) * (1 + torch.rand(nblocks, 1, generator=g, dtype=torch.float64)))
+    s = s.float().clamp(max=torch.finfo(torch.float32).max).double()
+    edges = (torch.arange(33, dtype=torch.float64) - 16.5) / 16
+    near = torch.cat((t / 2048, edges[1:]))  # every threshold and every inner bucket edge
+    pick = torch.randint(len(near), (nblocks, block), generator=g)
+    ulps = torch.randint(-3, 4, (nblocks, block), generator=g).double()
+    sign = torch.randint(2, (nblocks, block), generator=g).double() * 2 - 1
+    x = (sign * near[pick].abs() * s * (1 + ulps * 2.0 ** -23)).float().clamp(-s.float(), s.float())
+    x[:, 1::4] = (torch.rand(nblocks, block // 4, generator=g) * 2 - 1) * s.float()
+    x[:, 0] = s[:, 0].float()  # the block's max-abs: its scale
+    fmt = quant.Format("gauss4", 1.0, 4, "gauss4")
+    packed = torch.empty(1, fmt.row_bytes(nblocks * block, block), dtype=torch.uint8)
+    quant.quantize(x.view(1, -1).clone(), fmt, block, packed)
+    payload = packed[0, nblocks * quant.SCALE_BYTES:]
+    want = torch.stack((payload & 0xF, payload >> 4), dim=-1).view(nblocks, block).long()
+
+    mid = (t / 2048 + torch.nextafter((t / 2048).float(), torch.tensor(2.0)).double()) / 2
+    product = mid * s  # exact, rounded down to a float: the cuts (quant.cuh's gauss4_cut)
+    cuts = product.float()
+    cuts = torch.where(cuts.double() > product, torch.nextafter(cuts, torch.tensor(-1.0)), cuts)
+    cuts = cuts.view(torch.int32).long()
+    bits = x.view(torch.int32).long() & 0xFFFFFFFF
+
+    def codes(n: torch.Tensor) -> torch.Tensor:
+        assert int(n.min()) >= 0 and int(n.max()) <= 32
+        j = inside[n]
+        cut = torch.gather(cuts, 1, j.clamp(min=0)) | torch.where(n < 16, 1 << 31, 0)
+        cut = torch.where(j < 0, 0xFFFFFFFF, cut)
+        return torch.where(bits > cut, code1[n], code0[n])
+
+    y = x.double() / s
+    for error in (-1 / 16, 0.0, 1 / 16):  # the bucket's whole rounding error either way
+        assert torch.equal(codes(torch.floor(16 * y + 16.5 + error).long()), want), error
+    r16 = (16 / s.float()).double()
+    fma = (x.double() * r16 + float(magic)).float()  # within an ulp of the fused sum
+    n = (fma.view(torch.int32) & int(mask, 16)) >> 3
+    assert torch.equal(codes(n.long()), want)
 
 
 def test_rotated_wire_keeps_zeros_and_non_finite_blocks() -> None:

@@ -1,7 +1,7 @@
 """int4 (no error feedback, the default) against DDP fp32 at the same seed over ten seeds:
 seeds 0-4 on two H200s (`2026-11-29-h200x2-lm-feedback`, read through its paired.py) and
-seeds 5-8 on one H200 (this folder's run 1; fp32 seed 9 ran, int4 seed 9 was cut by the
-call's limit). Each pair is of one kind: NCCL's fp32 does not repeat across kinds, so
+seeds 5-9 on one H200 (this folder's run 1, fp32 5-9 and int4 5-8; run 2, int4 9, and 5
+again). Each pair is of one kind: NCCL's fp32 does not repeat across kinds, so
 every int4 run is paired with fp32 of its own kind and seed, and each kind's fp32 range is
 its own.
 
@@ -29,16 +29,19 @@ def _x2() -> object:
 
 
 def one_gpu() -> dict[tuple[str, int], dict[str, float]]:
-    """(mode, seed) -> losses of this folder's run 1."""
-    with tarfile.open(HERE / "run1-textlm-logs.tar.gz") as tar:
-        member = tar.extractfile("./textlm_ddp.json")
-        assert member is not None
-        found = {}
-        for r in json.load(member):
-            assert r["identical"], (r["mode"], r["seed"])
-            mode = r["mode"] if r["mode"] == "fp32" else f"{r['mode']} fb off"
-            found[mode, r["seed"]] = {"train": r["train_last"], "valid": r["valid"]}
-        return found
+    """(mode, seed) -> losses of this folder's runs 1 and 2; a repeat (int4 seed 5, run 2
+    with the bucket-table kernel) must match to the last digit."""
+    found: dict[tuple[str, int], dict[str, float]] = {}
+    for archive in ("run1-textlm-logs.tar.gz", "run2-textlm-int4-logs.tar.gz"):
+        with tarfile.open(HERE / archive) as tar:
+            member = tar.extractfile("./textlm_ddp.json")
+            assert member is not None
+            for r in json.load(member):
+                assert r["identical"], (r["mode"], r["seed"])
+                mode = r["mode"] if r["mode"] == "fp32" else f"{r['mode']} fb off"
+                losses = {"train": r["train_last"], "valid": r["valid"]}
+                assert found.setdefault((mode, r["seed"]), losses) == losses, (mode, r["seed"])
+    return found
 
 
 def main() -> None:

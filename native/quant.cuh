@@ -165,10 +165,12 @@ __device__ __forceinline__ int gauss4_code_cut(float v, const Gauss4Cuts& k) {
 // a bucket holds one at most, and a value's code is the entry's code0, or its code1 when v
 // is above that threshold's cut: one lookup and one compare a value instead of
 // gauss4_code_cut's three compares and six selects, the same codes. The bucket comes from a
-// rounded reciprocal and an fma, far closer than 13/2048; the decision stays the cut's
-// exact integer compare, on v's own bits (a negative bucket's cut carries the sign bit,
-// since every v there is negative). Entries without a threshold never pass their compare
-// (cut 0xffffffff). Kept to scales >= 2^-100 (16 / scale finite, exact enough).
+// rounded reciprocal and an fma, within 8/2048 of the scale (gauss4_bucket; each entry's
+// range is widened by that much); the decision stays the cut's exact integer compare, on
+// v's own bits (a negative bucket's cut carries the sign bit, since every v there is
+// negative). Entries without a threshold never pass their compare (cut 0xffffffff). Kept to
+// scales >= 2^-100 (16 / scale finite, exact enough). tests/test_cpu_wire.py builds the same
+// table against quant.py's division.
 struct Gauss4Bucket {
     unsigned cut, codes;  // codes: code0 in byte 0, code1 in byte 1
 };
@@ -191,29 +193,31 @@ __device__ __forceinline__ Gauss4Bucket gauss4_bucket(float v, float r16, unsign
     return e;
 }
 
-// Entry n's codes (its cut: 0xffffffff, or the block's cut of its threshold), and which
-// threshold it holds (-1: none).
-__device__ __forceinline__ int gauss4_bucket_init(int n, Gauss4Bucket* table) {
+// quant.py's GAUSS4_THRESHOLDS: threshold j is T_j / 2048.
+__host__ __device__ constexpr int gauss4_threshold(int j) {
+    return j == 0 ? 98 : j == 1 ? 296 : j == 2 ? 503 : j == 3 ? 725 : j == 4 ? 973
+         : j == 5 ? 1268 : 1653;
+}
+
+// Entry n's codes (its cut: 0xffffffff, or, each block, the cut of the threshold inside).
+__device__ __forceinline__ void gauss4_bucket_init(int n, Gauss4Bucket* table) {
     const int b = n < 16 ? 16 - n : n - 16;  // |bucket|
     // its edges in 1/2048 of the scale, widened by gauss4_bucket's 1/16 of a bucket
     const int lo = 128 * b - 64 - 8, hi = 128 * b + 64 + 8;
-    constexpr int T[7] = {98, 296, 503, 725, 973, 1268, 1653};
-    int below = 0, inside = -1;
+    int below = 0, inside = 0;
 #pragma unroll
     for (int j = 0; j < 7; ++j) {
-        below += T[j] < lo ? 1 : 0;
-        inside = lo <= T[j] && T[j] <= hi ? j : inside;
+        below += gauss4_threshold(j) < lo ? 1 : 0;
+        inside += lo <= gauss4_threshold(j) && gauss4_threshold(j) <= hi ? 1 : 0;
     }
     const int sign = n < 16 ? -1 : 1;
-    const int above = inside < 0 ? below : below + 1;
     table[n] = Gauss4Bucket{0xffffffffu, (static_cast<unsigned>(sign * below) & 0xfu) |
-                                             (static_cast<unsigned>(sign * above) & 0xfu) << 8};
-    return inside;
+                                             (static_cast<unsigned>(sign * (below + inside)) & 0xfu) << 8};
 }
 
-// This lane's threshold j's place in the table: lanes 0-6 write cut j into entries 16 +- b_j.
+// The bucket |n - 16| holding threshold j: lane j < 7 writes cut j into entries 16 +- it.
 __device__ __forceinline__ int gauss4_bucket_of(int j) {
-    return j == 0 ? 1 : j == 1 ? 2 : j == 2 ? 4 : j == 3 ? 6 : j == 4 ? 8 : j == 5 ? 10 : 13;
+    return (gauss4_threshold(j) + 64) / 128;
 }
 
 // float -> e4m3fn bits: c10::detail::fp8e4m3fn_from_fp32_value, step for step (what

@@ -215,6 +215,8 @@ def test_gauss4_buckets_give_the_division_codes() -> None:
     ulp = 2.0 ** (math.floor(math.log2(float(magic))) - 23)  # of the fma's sum
     assert float(magic) == 1.5 * 2.0 ** 20 + 16.5 and ulp == 1 / 8 and int(mask, 16) == 0x1f8
     assert margin == 2048 / 16 * ulp / 2  # the sum's rounding, in 1/2048 of the scale
+    body = re.search(r"int gauss4_threshold\(int j\) \{(.*?)\}", source, re.S).group(1)  # type: ignore[union-attr]
+    assert tuple(map(int, re.findall(r"\b(\d{2,})\b", body))) == quant.GAUSS4_THRESHOLDS
 
     t = torch.tensor(quant.GAUSS4_THRESHOLDS, dtype=torch.float64)
     entries = []  # (threshold inside or -1, code, code above it) by n

@@ -1,6 +1,6 @@
 """Issue #37's kernel target: the fused quantized-wire kernels (native/quant.cu) at >= 0.85
 of the GPU's memory bandwidth, against quant.py's torch ops. One GPU, no communication:
-``python benchmarks/quant_bench.py``.
+``python benchmarks/quant_bench.py [WIRE ...]`` (default: every wire of quant.FORMATS).
 
 Shapes of the compressed route with M = 4 machines, 64 MiB of fp32 (16 Mi values) in
 blocks of 256: quantize (M, k) rows, the add (M received rows -> one requantized row of
@@ -15,6 +15,7 @@ the host's launch time (cupy from Python, torch's many ops) stays out of the GPU
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -96,13 +97,17 @@ def cases(kernels: Kernels, name: str, feedback: bool) -> dict[str, tuple[Callab
 
 
 def main() -> None:
+    wires = sys.argv[1:] or list(quant.FORMATS)
+    unknown = sorted(set(wires) - set(quant.FORMATS))
+    if unknown:
+        raise SystemExit(f"unknown wire(s) {unknown}: choose from {sorted(quant.FORMATS)}")
     kernels = Kernels(torch.device("cuda", torch.cuda.current_device()))
     copies = Copies()
     print(f"# {torch.cuda.get_device_name()}: device-to-device copy of 64 MiB "
           f"{copies.bandwidth(128 << 20) / 1e9:.0f} GB/s (read + write); "
           f"M={MACHINES}, block {DEFAULT_WIRE_BLOCK}, {REPS} launches each")
     rows = []
-    for name in quant.FORMATS:
+    for name in wires:
         for feedback in (False, True):
             for kernel, (fused, ops, moved) in cases(kernels, name, feedback).items():
                 copy_bw = copies.bandwidth(moved)

@@ -355,6 +355,63 @@ __device__ __forceinline__ void store_word(unsigned char* p, unsigned u) {
     }
 }
 
+// x's staging for rr_quantize_rot256: a warp's two blocks (512 values, 128 chunks of 4)
+// copied into shared memory with cp.async, coalesced (lane w copies chunks w, w + 32, ..),
+// while the warp works on the previous two. Why: lane l's own 16 values (layout A) are
+// 64 contiguous bytes, so loading them straight from global memory makes every load
+// instruction touch 32 separate 16-byte pieces of 16 lines; and without the copy in
+// flight during the work, too few bytes are on their way to keep HBM busy.
+// Chunk c sits at slot c ^ ((c / R) % R), R chunks a 128-byte row: the copies (32
+// consecutive chunks) and the lanes' reads of their 4 chunks (4w .. 4w + 3) both meet
+// every bank once a phase. Needs sm_80 (cp.async); before that, plain loads.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define RR_STAGED_LOADS 1
+#else
+#define RR_STAGED_LOADS 0
+#endif
+
+template <typename T>
+struct Staging {
+    static constexpr int chunk = 4 * sizeof(T), row = 128 / chunk, chunks = 128;
+    unsigned char* base;  // this warp's chunks * chunk bytes
+    __device__ __forceinline__ static int slot(int c) { return c ^ ((c / row) % row); }
+
+    // Chunks w, w + 32, w + 64, w + 96 of blocks first, first + 1 (zeros past nblocks).
+    __device__ __forceinline__ void fetch(const T* x, long long first, long long nblocks,
+                                          int w) const {
+#if RR_STAGED_LOADS
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int c = q * 32 + w;
+            const bool real = first + c / 64 < nblocks;
+            const T* src = real ? x + first * 256 + c * 4 : x;
+            const unsigned dst =
+                static_cast<unsigned>(__cvta_generic_to_shared(base + slot(c) * chunk));
+            if constexpr (chunk == 16) {
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                             :: "r"(dst), "l"(src), "r"(real ? 16 : 0) : "memory");
+            } else {
+                asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;"
+                             :: "r"(dst), "l"(src), "n"(chunk), "r"(real ? chunk : 0) : "memory");
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+    }
+
+    // Lane w's 16 values (chunks 4w .. 4w + 3), once every lane's copies have landed.
+    __device__ __forceinline__ void take(int w, float (&v)[16]) const {
+#if RR_STAGED_LOADS
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncwarp();
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            load4<T, true>(reinterpret_cast<const T*>(base + slot(4 * w + q) * chunk), &v[q * 4]);
+        __syncwarp();  // every lane's reads are done before the next fetch overwrites them
+#endif
+    }
+};
+
 // rr_quantize for rotated 256-value blocks without error feedback (kernels.py takes it
 // for those; with feedback rr_quantize runs): the same bytes, with one shared-memory move
 // a value instead of three. rr_dequantize_rot256's lanes and layouts in reverse order:
@@ -401,16 +458,30 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
 #pragma unroll
         for (int j = 0; j < E; ++j)
             d[j] = (lowbias32(base + static_cast<unsigned>(lane * E + j)) >> 31) ? -power : power;
+        // kept in registers: under the staging's register pressure the compiler would
+        // otherwise hash them again every block
+#pragma unroll
+        for (int j = 0; j < E; ++j) asm("" : "+f"(d[j]));
     }
+    constexpr bool staged = VEC && RR_STAGED_LOADS;
+    __shared__ Pack<float, 4> stage_x[staged ? RR_QUANT_THREADS / 32 * 32 * sizeof(T) : 1];
+    const Staging<T> staging{reinterpret_cast<unsigned char*>(stage_x) +
+                             (threadIdx.x >> 5) * Staging<T>::chunks * Staging<T>::chunk};
+    if constexpr (staged) staging.fetch(x, warp * 2, nblocks, threadIdx.x & 31);
     for (long long first = warp * 2; first < nblocks; first += step) {
         const long long g = first + group;
         const bool active = g < nblocks;
         float v[E];
+        if constexpr (staged) {
+            staging.take(threadIdx.x & 31, v);
+            if (first + step < nblocks) staging.fetch(x, first + step, nblocks, threadIdx.x & 31);
+        } else {
 #pragma unroll
-        for (int q = 0; q < E / 4; ++q) {
+            for (int q = 0; q < E / 4; ++q) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) v[q * 4 + e] = 0.0f;
-            if (active) load4<T, VEC>(x + g * block + lane * E + q * 4, &v[q * 4]);
+                for (int e = 0; e < 4; ++e) v[q * 4 + e] = 0.0f;
+                if (active) load4<T, VEC>(x + g * block + lane * E + q * 4, &v[q * 4]);
+            }
         }
 #pragma unroll
         for (int j = 0; j < E; ++j) v[j] = f_mul(v[j], d[j]);

@@ -415,8 +415,9 @@ struct Staging {
 // rr_quantize for rotated 256-value blocks without error feedback (kernels.py takes it
 // for those; with feedback rr_quantize runs): the same bytes, with one shared-memory move
 // a value instead of three. rr_dequantize_rot256's lanes and layouts in reverse order:
-// x is loaded in A (lane l: elements l * 16 .. l * 16 + 15, four chunks of 4, 16-byte
-// loads for fp32), multiplied by the signs, passes h = 1, 2, 4, 8; through the group's
+// x is loaded in A (lane l: elements l * 16 .. l * 16 + 15, four chunks of 4; aligned x
+// from the warp's Staging, fetched a step ahead, else straight from global memory),
+// multiplied by the signs, passes h = 1, 2, 4, 8; through the group's
 // tile into B (register j of lane l: element l + 16 * j), passes h = 16 .. 128: quant.py's
 // rotate, the same products, sums and order. In B the block's max-abs (16 registers,
 // then 4 xor-shuffles inside the 16 lanes) and each value's code: int4's from the group's

@@ -1,13 +1,16 @@
 """Issue #37's kernel target: the fused quantized-wire kernels (native/quant.cu) at >= 0.85
 of the GPU's memory bandwidth, against quant.py's torch ops. One GPU, no communication:
-``python benchmarks/quant_bench.py [WIRE ...]`` (default: every wire of quant.FORMATS).
+``python benchmarks/quant_bench.py [--mib N] [WIRE ...]`` (default: 64 MiB, every wire of
+quant.FORMATS).
 
-Shapes of the compressed route with M = 4 machines, 64 MiB of fp32 (16 Mi values) in
-blocks of 256: quantize (M, k) rows, the add (M received rows -> one requantized row of
-k), dequantize (M rows -> fp32), each with error feedback off and on (quantize, add).
-Bytes moved are what the fused kernel must read and write (the same count for the torch
-ops, which move more: the fraction says how far each is from one pass). The reference
-is a device-to-device copy of the same bytes (half read, half written) in the same run.
+Shapes of the compressed route with M = 4 machines, 64 MiB of fp32 (16 Mi values; --mib
+sets it: a training call's slices are 1-4 MiB, where every warp quantizes a block or two
+and a kernel's start weighs more) in blocks of 256: quantize (M, k) rows, the add (M
+received rows -> one requantized row of k), dequantize (M rows -> fp32), each with error
+feedback off and on (quantize, add). Bytes moved are what the fused kernel must read and
+write (the same count for the torch ops, which move more: the fraction says how far each
+is from one pass). The reference is a device-to-device copy of the same bytes (half read,
+half written) in the same run.
 
 Timing: CUDA events around 20 back-to-back launches queued behind a sleep kernel, so
 the host's launch time (cupy from Python, torch's many ops) stays out of the GPU time.
@@ -27,9 +30,9 @@ from ringreduce.execution.feedback import Errors
 from ringreduce.execution.kernels import Kernels
 
 MACHINES = 4
-VALUES = (64 << 20) // 4
-"""64 MiB of fp32: the input of quantize, what the add's M rows and dequantize's output
-stand for."""
+MIB = 64
+"""MiB of fp32 (default): the input of quantize, what the add's M rows and dequantize's
+output stand for."""
 REPS = 20
 SLEEP_CYCLES = 200_000_000
 """About 0.1 s at 2 GHz: long enough for the host to queue REPS launches of the torch
@@ -63,27 +66,28 @@ class Copies:
         return self._bw[moved]
 
 
-def cases(kernels: Kernels, name: str, feedback: bool) -> dict[str, tuple[Callable[[], object],
-                                                                         Callable[[], object],
-                                                                         int]]:
+Case = tuple[Callable[[], object], Callable[[], object], int]
+
+
+def cases(kernels: Kernels, name: str, feedback: bool, values: int) -> dict[str, Case]:
     """kernel -> (fused launch, torch ops, bytes the fused kernel moves)."""
     fmt, block, device = quant.FORMATS[name], DEFAULT_WIRE_BLOCK, torch.device("cuda")
     fused = compressed.Codec(fmt, block, kernels, device)
     ops = compressed.Codec(fmt, block, None, device)
-    k = VALUES // MACHINES
+    k = values // MACHINES
     row = fmt.row_bytes(k, block)
     x = torch.randn(MACHINES, k, device="cuda")
     packed = fused.packed(MACHINES, k)
     ops.quantize(x.clone(), packed, None)
     residual = torch.zeros_like(x) if feedback else None
-    errors = Errors(VALUES, name, x, torch.zeros(k, device="cuda")) \
+    errors = Errors(values, name, x, torch.zeros(k, device="cuda")) \
         if feedback else None
     ctx = SimpleNamespace(topo=SimpleNamespace(world_size=8), divisors={})
     extra = 8 if feedback else 0  # a residual value read and written
     found = {
         "quantize": (lambda: fused.quantize(x, packed, residual),
                      lambda: ops.quantize(x, packed, residual),
-                     VALUES * (4 + extra) + MACHINES * row),
+                     values * (4 + extra) + MACHINES * row),
         "add": (lambda: compressed._add(packed, packed, fused, errors, 0),
                 lambda: compressed._add(packed, packed, ops, errors, 0),
                 MACHINES * row + row + k * extra),
@@ -92,12 +96,17 @@ def cases(kernels: Kernels, name: str, feedback: bool) -> dict[str, tuple[Callab
         found["dequantize"] = (
             lambda: compressed._unpack(packed, fused, "sum", torch.float32, ctx),  # type: ignore[arg-type]
             lambda: compressed._unpack(packed, ops, "sum", torch.float32, ctx),  # type: ignore[arg-type]
-            MACHINES * row + VALUES * 4)
+            MACHINES * row + values * 4)
     return found
 
 
 def main() -> None:
-    wires = sys.argv[1:] or list(quant.FORMATS)
+    args = sys.argv[1:]
+    mib = MIB
+    if args[:1] == ["--mib"]:
+        mib, args = int(args[1]), args[2:]
+    values = (mib << 20) // 4
+    wires = args or list(quant.FORMATS)
     unknown = sorted(set(wires) - set(quant.FORMATS))
     if unknown:
         raise SystemExit(f"unknown wire(s) {unknown}: choose from {sorted(quant.FORMATS)}")
@@ -105,11 +114,11 @@ def main() -> None:
     copies = Copies()
     print(f"# {torch.cuda.get_device_name()}: device-to-device copy of 64 MiB "
           f"{copies.bandwidth(128 << 20) / 1e9:.0f} GB/s (read + write); "
-          f"M={MACHINES}, block {DEFAULT_WIRE_BLOCK}, {REPS} launches each")
+          f"{mib} MiB, M={MACHINES}, block {DEFAULT_WIRE_BLOCK}, {REPS} launches each")
     rows = []
     for name in wires:
         for feedback in (False, True):
-            for kernel, (fused, ops, moved) in cases(kernels, name, feedback).items():
+            for kernel, (fused, ops, moved) in cases(kernels, name, feedback, values).items():
                 copy_bw = copies.bandwidth(moved)
                 t_fused, t_ops = timed(fused), timed(ops)
                 rows.append((kernel, name, "on" if feedback else "off", moved >> 20,

@@ -300,14 +300,14 @@ rr_dequantize_rot256(const unsigned char* __restrict__ packed, T* __restrict__ o
     __shared__ Pack<float, 4> tile[RR_QUANT_THREADS / 32 * 2 * stride / 4];
     float* const t = reinterpret_cast<float*>(tile) + (threadIdx.x >> 5) * 2 * stride +
                      group * stride;
-    // quant.py's signs of rotate_back for B's elements: s_i 2^-4 (log2(256) - 4).
+    // quant.py's signs of rotate_back for B's elements: s_i 2^-4 (log2(256) - 4), s_i of
+    // element lane + 16 j in bit lane + 16 (j % 2) of word j / 2.
     float d[E];
     {
-        const unsigned base = lowbias32(RR_SIGN_SEED ^ static_cast<unsigned>(block));
         const float power = __uint_as_float(static_cast<unsigned>(127 - 4) << 23);
 #pragma unroll
         for (int j = 0; j < E; ++j)
-            d[j] = (lowbias32(base + static_cast<unsigned>(lane + 16 * j)) >> 31) ? -power : power;
+            d[j] = (rr_signs256.words[j / 2] >> (lane + 16 * (j % 2))) & 1u ? -power : power;
     }
     for (long long first = warp * 2; first < nblocks; first += step) {
         const long long g = first + group;
@@ -451,14 +451,14 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
     if constexpr (FMT == 3) {
         for (int n = lane; n < GAUSS4_BUCKETS; n += 16) gauss4_bucket_init(n, table);
     }
-    // quant.py's signs of rotate for A's elements: s_i 2^-4 (log2(256) / 2).
+    // quant.py's signs of rotate for A's elements: s_i 2^-4 (log2(256) / 2), s_i of element
+    // lane * 16 + j in bit 16 (lane % 2) + j of word lane / 2.
     float d[E];
     {
-        const unsigned base = lowbias32(RR_SIGN_SEED ^ static_cast<unsigned>(block));
         const float power = __uint_as_float(static_cast<unsigned>(127 - 4) << 23);
+        const unsigned bits = rr_signs256.words[lane / 2] >> (16 * (lane % 2));
 #pragma unroll
-        for (int j = 0; j < E; ++j)
-            d[j] = (lowbias32(base + static_cast<unsigned>(lane * E + j)) >> 31) ? -power : power;
+        for (int j = 0; j < E; ++j) d[j] = (bits >> j) & 1u ? -power : power;
         // kept in registers: under the staging's register pressure the compiler would
         // otherwise hash them again every block
 #pragma unroll

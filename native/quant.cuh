@@ -199,20 +199,39 @@ __host__ __device__ constexpr int gauss4_threshold(int j) {
          : j == 5 ? 1268 : 1653;
 }
 
-// Entry n's codes (its cut: 0xffffffff, or, each block, the cut of the threshold inside).
-__device__ __forceinline__ void gauss4_bucket_init(int n, Gauss4Bucket* table) {
+// Entry n's codes: code0 in byte 0, code1 in byte 1 (at compile time, for
+// rr_gauss4_bucket_codes).
+__host__ __device__ constexpr unsigned gauss4_bucket_codes(int n) {
     const int b = n < 16 ? 16 - n : n - 16;  // |bucket|
     // its edges in 1/2048 of the scale, widened by gauss4_bucket's 1/16 of a bucket
     const int lo = 128 * b - 64 - 8, hi = 128 * b + 64 + 8;
     int below = 0, inside = 0;
-#pragma unroll
     for (int j = 0; j < 7; ++j) {
         below += gauss4_threshold(j) < lo ? 1 : 0;
         inside += lo <= gauss4_threshold(j) && gauss4_threshold(j) <= hi ? 1 : 0;
     }
     const int sign = n < 16 ? -1 : 1;
-    table[n] = Gauss4Bucket{0xffffffffu, (static_cast<unsigned>(sign * below) & 0xfu) |
-                                             (static_cast<unsigned>(sign * (below + inside)) & 0xfu) << 8};
+    return (static_cast<unsigned>(sign * below) & 0xfu) |
+           (static_cast<unsigned>(sign * (below + inside)) & 0xfu) << 8;
+}
+
+struct Gauss4BucketCodes {
+    unsigned codes[GAUSS4_BUCKETS];
+};
+
+__host__ __device__ constexpr Gauss4BucketCodes gauss4_bucket_code_table() {
+    Gauss4BucketCodes t{};
+    for (int n = 0; n < GAUSS4_BUCKETS; ++n) t.codes[n] = gauss4_bucket_codes(n);
+    return t;
+}
+
+// Every entry's codes, computed by the compiler: a kernel's start copies them instead of
+// working them out in every warp (a warp of a small call quantizes one or two blocks).
+__constant__ Gauss4BucketCodes rr_gauss4_bucket_codes = gauss4_bucket_code_table();
+
+// Entry n's codes (its cut: 0xffffffff, or, each block, the cut of the threshold inside).
+__device__ __forceinline__ void gauss4_bucket_init(int n, Gauss4Bucket* table) {
+    table[n] = Gauss4Bucket{0xffffffffu, rr_gauss4_bucket_codes.codes[n]};
 }
 
 // The bucket |n - 16| holding threshold j: lane j < 7 writes cut j into entries 16 +- it.
@@ -384,7 +403,7 @@ __device__ __forceinline__ void store4(T* p, const float* in) {
 // exchanging through shuffles cost a shuffle, both sums and a select a value a pass.
 
 // quant.py's sign_hash: lowbias32 of lowbias32(SIGN_SEED ^ B) + i.
-__device__ __forceinline__ unsigned lowbias32(unsigned x) {
+__host__ __device__ constexpr unsigned lowbias32(unsigned x) {
     x ^= x >> 16;
     x *= 0x7feb352du;
     x ^= x >> 15;
@@ -392,6 +411,21 @@ __device__ __forceinline__ unsigned lowbias32(unsigned x) {
     return x ^ (x >> 16);
 }
 #define RR_SIGN_SEED 0x52494E47u
+
+// A block of 256's signs as bits (bit i of word i / 32 set: s_i = -1), computed by the
+// compiler: the rot256 kernels read their lanes' 16 instead of hashing them in every warp.
+struct Signs256 {
+    unsigned words[8];
+};
+
+__host__ __device__ constexpr Signs256 signs256() {
+    Signs256 s{};
+    const unsigned base = lowbias32(RR_SIGN_SEED ^ 256u);
+    for (unsigned i = 0; i < 256; ++i) s.words[i / 32] |= (lowbias32(base + i) >> 31) << (i % 32);
+    return s;
+}
+
+__constant__ Signs256 rr_signs256 = signs256();
 
 // log2 of a power of two, at compile time.
 __host__ __device__ constexpr int rr_log2(int n) { return n <= 1 ? 0 : 1 + rr_log2(n / 2); }

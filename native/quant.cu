@@ -460,7 +460,7 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
 #pragma unroll
         for (int j = 0; j < E; ++j) d[j] = (bits >> j) & 1u ? -power : power;
         // kept in registers: under the staging's register pressure the compiler would
-        // otherwise hash them again every block
+        // otherwise work them out again every block
 #pragma unroll
         for (int j = 0; j < E; ++j) asm("" : "+f"(d[j]));
     }

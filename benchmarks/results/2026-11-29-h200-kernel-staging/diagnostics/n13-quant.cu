@@ -1,0 +1,515 @@
+// The block-quantized wires of the network hop (int8, fp8 e4m3, int4), fused: one pass
+// over memory per stage of ringreduce/execution/compressed.py instead of quant.py's
+// several torch ops, bit for bit the same bytes and values as those torch ops on CUDA.
+//
+//   rr_quantize           x (+ residual) -> packed rows; residual = (x + residual) - x'
+//   rr_reduce_requantize  M packed rows -> fp32 sum in order 0..M-1 (+ residual)
+//                         -> one packed row; residual = sum - its x'
+//   rr_dequantize         packed rows -> values (/ N for AVG), in the tensor's dtype
+//   rr_quantize_rot256, rr_dequantize_rot256: the rotated 256-value blocks (int4's),
+//                         16 lanes of 16 values a block, one shared-memory move a value
+//
+// Layout (quant.py): a packed row of k values is k/B fp32 scales, then the payload (one
+// byte a value; int4 two, the even element in the low nibble). Rows are contiguous.
+//
+// Threads: a quantization block of B elements belongs to a group of L lanes of one warp
+// (L a power of two, 32 for B = 256; a template argument, so every shuffle loop
+// unrolls), E = B / L elements a lane, kept in registers from
+// the load to the store, so the block is read once. A lane holds E/4 chunks of 4
+// consecutive elements, chunk c at block offset (c*L + lane)*4: each load instruction of
+// a warp covers 32 consecutive chunks (512 contiguous bytes of fp32), and each payload
+// store 128 contiguous bytes (int8, fp8) or 64 (int4). The block's max-abs is a
+// register max over the lane's E values, then log2(L) xor-shuffles inside the group.
+// A warp handles 32/L blocks per step of a grid-stride loop whose bound is uniform over
+// the warp, so every lane reaches every shuffle (a lane past the end computes on zeros
+// and stores nothing).
+//
+// Rotated formats (ROT): rr_quantize rotates each block in registers before adding the
+// residual, rr_dequantize rotates it back before AVG's division (quant.cuh's
+// rotate_block, rotate_block_back; each warp's blocks pass through its own slice of a
+// shared-memory tile, RR_QUANT_THREADS threads a thread block); rr_reduce_requantize
+// works in the rotated domain and does not rotate.
+//
+// The formats, the arithmetic mirrored from quant.py and the memory helpers are in
+// quant.cuh, compiled before this file (after numeric.cuh) by
+// ringreduce/execution/kernels.py.
+
+// residual[chunk] = v - x' (0 where not finite), x' the values the codes stand for.
+template <int FMT, int E, int L, bool VEC>
+__device__ __forceinline__ void store_residual(const float (&v)[E], const unsigned (&codes)[E / 4],
+                                               float scale, int lane, float* residual) {
+#pragma unroll
+    for (int c = 0; c < E / 4; ++c) {
+        float err[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float r = f_sub(v[c * 4 + e], f_mul(code_at<FMT>(codes[c], e), scale));
+            err[e] = finite(r) ? r : 0.0f;
+        }
+        store4<float, VEC>(residual + (c * L + lane) * 4, err);
+    }
+}
+
+// The group's quantization of its block: v (this lane's E values) -> codes and scale in
+// `row`, and, when `residual` is set, residual[chunk] = v - x' (0 where not finite). The
+// codes first, then (feedback only) the values they stand for: without feedback no
+// value is decoded.
+template <int FMT, int E, int L, bool VEC>
+__device__ __forceinline__ void quantize_block(const float (&v)[E], bool active, int lane,
+                                               PackedRow row, long long b, float inv_qmax,
+                                               float* residual) {
+    constexpr int bits = QuantWire<FMT>::bits, block = E * L;
+    float maxabs = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) maxabs = nan_max(maxabs, f_abs(v[e]));
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1)
+        maxabs = nan_max(maxabs, __shfl_xor_sync(0xffffffffu, maxabs, o));
+    if (!active) return;
+    const float scale = f_mul(maxabs, inv_qmax);
+    const bool usable = usable_scale(scale);
+    if (lane == 0) store_scale<VEC>(row.scale(b), scale);
+    unsigned codes[E / 4];
+    const auto put = [&](auto code) {
+#pragma unroll
+        for (int c = 0; c < E / 4; ++c) {
+            codes[c] = 0;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) codes[c] |= code(v[c * 4 + e]) << (bits * e);
+            store_codes<FMT, VEC>(row.payload(b, block, (c * L + lane) * 4, bits), codes[c]);
+        }
+    };
+    bool by_cuts = false;
+    if constexpr (FMT == 3) by_cuts = usable && inv_qmax == 1.0f;
+    if (by_cuts) {
+        // every value finite, |v| <= max-abs = scale > 0: the codes by compares, no division
+        const Gauss4Cuts cuts = gauss4_cuts(scale);
+        put([&](float x) { return static_cast<unsigned>(gauss4_code_cut(x, cuts)) & 0xfu; });
+    } else {
+        put([&](float x) { return encode<FMT>(x, scale, usable); });
+    }
+    if (residual != nullptr) store_residual<FMT, E, L, VEC>(v, codes, scale, lane, residual);
+}
+
+// Threads a thread block of these kernels: kernels.py's THREADS (the rotated kernels'
+// shared-memory tile holds RR_QUANT_THREADS / 32 warps' blocks).
+#define RR_QUANT_THREADS 256
+
+// This warp's group's slice of the rotation tile.
+template <int E, int L>
+__device__ __forceinline__ float* group_tile(Pack<float, 4>* tile) {
+    return reinterpret_cast<float*>(tile) + (threadIdx.x >> 5) * rot_tile_floats<E, L>() +
+           ((threadIdx.x & 31) / L) * rr_pad(E * L);
+}
+
+// Unpipelined meaning (quant.quantize, with compressed.py's error feedback):
+//   v = R(x) (+ residual); packed = quantize(v); residual = v - dequantize(packed)
+// R: quant.rotate when ROT (rotate_block, quant.cuh), else nothing.
+// x: nblocks * B values of T (rows of k back to back); residual: fp32 alike, or null;
+// packed: the rows, per_row = k / B blocks each.
+template <typename T, int FMT, int E, int L, bool VEC, bool ROT>
+__global__ void __launch_bounds__(RR_QUANT_THREADS)
+rr_quantize(const T* __restrict__ x, float* __restrict__ residual,
+                            unsigned char* __restrict__ packed, long long nblocks,
+                            long long per_row, float inv_qmax) {
+    constexpr int bits = QuantWire<FMT>::bits;
+    constexpr int block = E * L, groups = 32 / L;
+    const int lane = threadIdx.x & (L - 1), group = (threadIdx.x & 31) / L;
+    const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * groups;
+    if constexpr (FMT == 3) gauss4_table_init();
+    __shared__ Pack<float, 4> tile[ROT ? RR_QUANT_THREADS / 32 * rot_tile_floats<E, L>() / 4 : 1];
+    float d[E];
+    if constexpr (ROT) rotation_signs<E, L>(lane, false, d);
+    for (long long first = warp * groups; first < nblocks; first += step) {
+        const long long g = first + group;
+        const bool active = g < nblocks;
+        float v[E], r[E];
+#pragma unroll
+        for (int c = 0; c < E / 4; ++c) {
+            const long long at = g * block + (c * L + lane) * 4;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[c * 4 + e] = r[c * 4 + e] = 0.0f;
+            if (active) {
+                load4<T, VEC>(x + at, &v[c * 4]);
+                if (residual != nullptr) load4<float, VEC>(residual + at, &r[c * 4]);
+            }
+        }
+        if constexpr (ROT) rotate_block<E, L>(v, d, lane, group_tile<E, L>(tile));  // every lane
+        if (residual != nullptr) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) v[e] = f_add(v[e], r[e]);
+        }
+        const long long row_index = active ? g / per_row : 0;
+        const PackedRow row{packed + row_index * row_bytes(per_row, block, bits), per_row};
+        quantize_block<FMT, E, L, VEC>(v, active, lane, row, g - row_index * per_row, inv_qmax,
+                                       residual == nullptr ? nullptr : residual + g * block);
+    }
+}
+
+// Unpipelined meaning (compressed.py's add and diffuse quantization):
+//   v = dequantize(row 0) + ... + dequantize(row M-1)   fp32, in that order
+//   v += residual; sent = quantize(v); residual = v - dequantize(sent)
+// got: M packed rows of k values (per_row = k / B blocks), row own_index read from
+// `own` instead (this machine's own partial, never copied into got); residual: k fp32
+// values or null; sent: one packed row.
+template <int FMT, int E, int L, bool VEC>
+__global__ void __launch_bounds__(RR_QUANT_THREADS)
+rr_reduce_requantize(const unsigned char* __restrict__ got,
+                                     const unsigned char* __restrict__ own, int own_index,
+                                     int nrows, float* __restrict__ residual,
+                                     unsigned char* __restrict__ sent, long long per_row,
+                                     float inv_qmax) {
+    constexpr int bits = QuantWire<FMT>::bits;
+    constexpr int block = E * L, groups = 32 / L;
+    const int lane = threadIdx.x & (L - 1), group = (threadIdx.x & 31) / L;
+    const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * groups;
+    const long long stride = row_bytes(per_row, block, bits);
+    if constexpr (FMT == 3) gauss4_table_init();
+    for (long long first = warp * groups; first < per_row; first += step) {
+        const long long g = first + group;
+        const bool active = g < per_row;
+        float v[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) v[e] = 0.0f;
+        if (active) {
+            for (int m = 0; m < nrows; ++m) {
+                const PackedRow src{const_cast<unsigned char*>(
+                    m == own_index ? own : got + m * stride), per_row};
+                const float scale = load_scale<VEC>(src.scale(g));
+#pragma unroll
+                for (int c = 0; c < E / 4; ++c) {
+                    const unsigned codes = load_codes<FMT, VEC>(
+                        src.payload(g, block, (c * L + lane) * 4, bits));
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float x = f_mul(code_at<FMT>(codes, e), scale);
+                        v[c * 4 + e] = m == 0 ? x : f_add(v[c * 4 + e], x);
+                    }
+                }
+            }
+            if (residual != nullptr) {
+#pragma unroll
+                for (int c = 0; c < E / 4; ++c) {
+                    float r[4];
+                    load4<float, VEC>(residual + g * block + (c * L + lane) * 4, r);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) v[c * 4 + e] = f_add(v[c * 4 + e], r[e]);
+                }
+            }
+        }
+        quantize_block<FMT, E, L, VEC>(v, active, lane, PackedRow{sent, per_row}, g, inv_qmax,
+                                       residual == nullptr ? nullptr : residual + g * block);
+    }
+}
+
+// Unpipelined meaning (quant.dequantize, then compressed.py's rotation back, AVG and cast):
+//   out = R'(dequantize(packed)) (/ world when world > 0), rounded to T
+// R': quant.rotate_back when ROT (rotate_block_back, quant.cuh), else nothing.
+// packed: rows of per_row blocks; out: nblocks * B values of T. The loop's bound is
+// uniform over the warp (a group past the end computes on zeros and stores nothing), so
+// every lane reaches the rotation's shuffles.
+template <typename T, int FMT, int E, int L, bool VEC, bool ROT>
+__global__ void __launch_bounds__(RR_QUANT_THREADS)
+rr_dequantize(const unsigned char* __restrict__ packed, T* __restrict__ out,
+                              long long nblocks, long long per_row, float world) {
+    constexpr int bits = QuantWire<FMT>::bits;
+    constexpr int block = E * L, groups = 32 / L;
+    const int lane = threadIdx.x & (L - 1), group = (threadIdx.x & 31) / L;
+    const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * groups;
+    if constexpr (FMT == 3) gauss4_table_init();
+    __shared__ Pack<float, 4> tile[ROT ? RR_QUANT_THREADS / 32 * rot_tile_floats<E, L>() / 4 : 1];
+    float d[E];
+    if constexpr (ROT) rotation_signs<E, L>(lane, true, d);
+    for (long long first = warp * groups; first < nblocks; first += step) {
+        const long long g = first + group;
+        const bool active = g < nblocks;
+        float v[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) v[e] = 0.0f;
+        if (active) {
+            const long long r = g / per_row, b = g - r * per_row;
+            const PackedRow row{const_cast<unsigned char*>(packed) +
+                                    r * row_bytes(per_row, block, bits), per_row};
+            const float scale = load_scale<VEC>(row.scale(b));
+#pragma unroll
+            for (int c = 0; c < E / 4; ++c) {
+                const unsigned codes = load_codes<FMT, VEC>(
+                    row.payload(b, block, (c * L + lane) * 4, bits));
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[c * 4 + e] = f_mul(code_at<FMT>(codes, e), scale);
+            }
+        }
+        if constexpr (ROT) rotate_block_back<E, L>(v, d, lane, group_tile<E, L>(tile));
+        if (!active) continue;
+#pragma unroll
+        for (int c = 0; c < E / 4; ++c) {
+            if (world > 0.0f) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[c * 4 + e] = f_div(v[c * 4 + e], world);
+            }
+            store4<T, VEC>(out + g * block + (c * L + lane) * 4, &v[c * 4]);
+        }
+    }
+}
+
+// The Walsh-Hadamard passes of a rotated 256-value block held by 16 lanes (the two
+// rot256 kernels): h = 1, 2, 4, 8 in layout A (register j of lane l: element l * 16 + j),
+// then through the group's tile t into layout B (register j: element l + 16 * j) and
+// h = 16 .. 128 there. The first __syncwarp: the tile's previous reads are done.
+__device__ __forceinline__ void rotate_a_then_b(float (&v)[16], float* t, int lane) {
+    constexpr int E = 16;
+    butterflies_in_lane<E, 1, E>(v);
+    __syncwarp();
+#pragma unroll
+    for (int q = 0; q < E / 4; ++q) {
+        Pack<float, 4> f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f.v[e] = v[q * 4 + e];
+        *reinterpret_cast<Pack<float, 4>*>(t + lane * 20 + q * 4) = f;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < E; ++j) v[j] = t[lane + 20 * j];
+    butterflies_in_lane<E, 1, E>(v);
+}
+
+// rr_dequantize for rotated 256-value blocks (kernels.py takes it for every rotated
+// 256-value dequantize): the same values out, with one shared-memory move a value instead of three and no move
+// back into C for the stores. 16 lanes a block (two blocks a warp), 16 values a lane,
+// in two layouts: "A", register j of lane l is element l * 16 + j (i's bits 0-3 in the
+// registers), where the codes are loaded (32-bit words) and the passes h = 1, 2, 4, 8
+// run; then, through the group's tile, "B", register j of lane l is element l + 16 * j
+// (bits 4-7 in the registers), where the passes h = 16 .. 128 run, the signs multiply
+// and each value is stored on its own (a warp's store covers 2 x 16 consecutive values:
+// whole 32-byte sectors). The passes, their order and every rounding are walsh_hadamard's.
+// Tile word of element i: i + 4 * (i >> 4) (a row of 16 padded to 20), the warp's second
+// block 336 words on (16 banks over): A's 16-byte stores and B's loads are conflict-free.
+template <typename T, int FMT, bool VEC>
+__global__ void __launch_bounds__(RR_QUANT_THREADS)
+rr_dequantize_rot256(const unsigned char* __restrict__ packed, T* __restrict__ out,
+                     long long nblocks, long long per_row, float world) {
+    constexpr int bits = QuantWire<FMT>::bits, block = 256, E = 16, words = E * bits / 32;
+    constexpr int stride = 336;  // tile floats a block
+    const int lane = threadIdx.x & 15, group = (threadIdx.x & 31) >> 4;
+    const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * 2;
+    if constexpr (FMT == 3) gauss4_table_init();
+    __shared__ Pack<float, 4> tile[RR_QUANT_THREADS / 32 * 2 * stride / 4];
+    float* const t = reinterpret_cast<float*>(tile) + (threadIdx.x >> 5) * 2 * stride +
+                     group * stride;
+    // quant.py's signs of rotate_back for B's elements: s_i 2^-4 (log2(256) - 4).
+    float d[E];
+    {
+        const unsigned base = lowbias32(RR_SIGN_SEED ^ static_cast<unsigned>(block));
+        const float power = __uint_as_float(static_cast<unsigned>(127 - 4) << 23);
+#pragma unroll
+        for (int j = 0; j < E; ++j)
+            d[j] = (lowbias32(base + static_cast<unsigned>(lane + 16 * j)) >> 31) ? -power : power;
+    }
+    for (long long first = warp * 2; first < nblocks; first += step) {
+        const long long g = first + group;
+        const bool active = g < nblocks;
+        float v[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) v[e] = 0.0f;
+        if (active) {
+            const long long r = g / per_row, b = g - r * per_row;
+            const PackedRow row{const_cast<unsigned char*>(packed) +
+                                    r * row_bytes(per_row, block, bits), per_row};
+            const float scale = load_scale<VEC>(row.scale(b));
+            const unsigned char* p = row.payload(b, block, lane * E, bits);
+            unsigned w[words];
+#pragma unroll
+            for (int q = 0; q < words; ++q) w[q] = __float_as_uint(load_scale<VEC>(p + 4 * q));
+#pragma unroll
+            for (int q = 0; q < words; ++q) {
+#pragma unroll
+                for (int e = 0; e < 32 / bits; ++e)
+                    v[q * (32 / bits) + e] =
+                        f_mul(decode<FMT>((w[q] >> (bits * e)) & ((1u << bits) - 1u)), scale);
+            }
+        }
+        rotate_a_then_b(v, t, lane);  // the previous block's reads of the tile are done
+        if (!active) continue;
+        T* const o = out + g * block + lane;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            float x = f_add(f_mul(v[j], d[j]), 0.0f);
+            if (world > 0.0f) x = f_div(x, world);
+            from_acc(x, o + 16 * j);
+        }
+    }
+}
+
+// A 4-byte word of codes at p (4-byte aligned when VEC, else byte by byte).
+template <bool VEC>
+__device__ __forceinline__ void store_word(unsigned char* p, unsigned u) {
+    if constexpr (VEC) {
+        *reinterpret_cast<unsigned*>(p) = u;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) p[j] = static_cast<unsigned char>(u >> (8 * j));
+    }
+}
+
+// x's staging for rr_quantize_rot256: a warp's two blocks (512 values, 128 chunks of 4)
+// copied into shared memory with cp.async, coalesced (lane w copies chunks w, w + 32, ..),
+// while the warp works on the previous two. Why: lane l's own 16 values (layout A) are
+// 64 contiguous bytes, so loading them straight from global memory makes every load
+// instruction touch 32 separate 16-byte pieces of 16 lines; and without the copy in
+// flight during the work, too few bytes are on their way to keep HBM busy.
+// Chunk c sits at slot c ^ ((c / R) % R), R chunks a 128-byte row: the copies (32
+// consecutive chunks) and the lanes' reads of their 4 chunks (4w .. 4w + 3) both meet
+// every bank once a phase. Needs sm_80 (cp.async); before that, plain loads.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define RR_STAGED_LOADS 1
+#else
+#define RR_STAGED_LOADS 0
+#endif
+
+template <typename T>
+struct Staging {
+    static constexpr int chunk = 4 * sizeof(T), row = 128 / chunk, chunks = 128;
+    unsigned char* base;  // this warp's chunks * chunk bytes
+    __device__ __forceinline__ static int slot(int c) { return c ^ ((c / row) % row); }
+
+    // Chunks w, w + 32, w + 64, w + 96 of blocks first, first + 1 (zeros past nblocks).
+    __device__ __forceinline__ void fetch(const T* x, long long first, long long nblocks,
+                                          int w) const {
+#if RR_STAGED_LOADS
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int c = q * 32 + w;
+            const bool real = first + c / 64 < nblocks;
+            const T* src = real ? x + first * 256 + c * 4 : x;
+            const unsigned dst =
+                static_cast<unsigned>(__cvta_generic_to_shared(base + slot(c) * chunk));
+            if constexpr (chunk == 16) {
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                             :: "r"(dst), "l"(src), "r"(real ? 16 : 0) : "memory");
+            } else {
+                asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;"
+                             :: "r"(dst), "l"(src), "n"(chunk), "r"(real ? chunk : 0) : "memory");
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+    }
+
+    // Lane w's 16 values (chunks 4w .. 4w + 3), once every lane's copies have landed.
+    __device__ __forceinline__ void take(int w, float (&v)[16]) const {
+#if RR_STAGED_LOADS
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncwarp();
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            load4<T, true>(reinterpret_cast<const T*>(base + slot(4 * w + q) * chunk), &v[q * 4]);
+        __syncwarp();  // every lane's reads are done before the next fetch overwrites them
+#endif
+    }
+};
+
+// NEW LAYOUT (diagnostic): C load, register passes (element bits 0,1,6,7), transpose,
+// passes (bits 2-5), codes packed from registers in payload order p = lane * 16 + j.
+template <typename T, int FMT, bool VEC>
+__global__ void __launch_bounds__(RR_QUANT_THREADS, 3)
+rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
+                   long long nblocks, long long per_row, float inv_qmax) {
+    constexpr int bits = QuantWire<FMT>::bits, block = 256, E = 16;
+    constexpr int stride = 272;  // tile floats a block: 4 rows of 64, each padded to 68
+    const int lane = threadIdx.x & 15, group = (threadIdx.x & 31) >> 4;
+    const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * 2;
+    __shared__ Pack<float, 4> tile[RR_QUANT_THREADS / 32 * 2 * stride / 4];
+    float* const t = reinterpret_cast<float*>(tile) + (threadIdx.x >> 5) * 2 * stride +
+                     group * stride;
+    __shared__ __align__(512) Gauss4Bucket buckets[FMT == 3 ? RR_QUANT_THREADS / 16 * GAUSS4_TABLE : 1];
+    Gauss4Bucket* const table = buckets + (FMT == 3 ? (threadIdx.x >> 4) * GAUSS4_TABLE : 0);
+    const unsigned table_at = static_cast<unsigned>(__cvta_generic_to_shared(table));
+    const double mid = gauss4_mid(lane);
+    const int at = gauss4_bucket_of(lane);
+    if constexpr (FMT == 3) {
+        for (int n = lane; n < GAUSS4_BUCKETS; n += 16) gauss4_bucket_init(n, table);
+    }
+    unsigned signs = 0;  // bit j: element 64 (j / 4) + 4 lane + j % 4 negated
+    {
+        const unsigned base = lowbias32(RR_SIGN_SEED ^ static_cast<unsigned>(block));
+#pragma unroll
+        for (int j = 0; j < E; ++j)
+            signs |= (lowbias32(base + static_cast<unsigned>(64 * (j / 4) + 4 * lane + j % 4)) >> 31) << j;
+        asm("" : "+r"(signs));
+    }
+    const int read_at = (lane >> 2) * 68 + (lane & 3);
+    for (long long first = warp * 2; first < nblocks; first += step) {
+        const long long g = first + group;
+        const bool active = g < nblocks;
+        float v[E];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[c * 4 + e] = 0.0f;
+            if (active) load4<T, VEC>(x + g * block + (c * 16 + lane) * 4, &v[c * 4]);
+        }
+#pragma unroll
+        for (int j = 0; j < E; ++j)
+            v[j] = __uint_as_float(__float_as_uint(v[j]) ^ ((signs << (31 - j)) & 0x80000000u));
+        butterflies_in_lane<E, 1, E>(v);
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            Pack<float, 4> f;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f.v[e] = v[c * 4 + e];
+            *reinterpret_cast<Pack<float, 4>*>(t + c * 68 + lane * 4) = f;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < E; ++j) v[j] = t[read_at + 4 * j];
+        butterflies_in_lane<E, 1, E>(v);
+        float maxabs = 0.0f;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            v[j] = f_mul(v[j], 0.0625f);
+            maxabs = nan_max(maxabs, f_abs(v[j]));
+        }
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1)
+            maxabs = nan_max(maxabs, __shfl_xor_sync(0xffffffffu, maxabs, o));
+        const float scale = f_mul(maxabs, inv_qmax);
+        const bool usable = usable_scale(scale);
+        const bool bucketed = FMT == 3 && usable && inv_qmax == 1.0f &&
+                              __float_as_uint(scale) >= GAUSS4_BUCKET_MIN_SCALE;
+        if (bucketed && lane < 7) {
+            const unsigned cut = gauss4_cut(mid, scale);
+            table[16 + at].cut = cut;
+            table[16 - at].cut = cut | 0x80000000u;
+        }
+        __syncwarp();
+        if (!active) continue;
+        unsigned w[E * bits / 32];
+#pragma unroll
+        for (int q = 0; q < E * bits / 32; ++q) w[q] = 0;
+        if (bucketed) {
+            const float r16 = f_div(16.0f, scale);
+#pragma unroll
+            for (int j = 0; j < E; ++j) {
+                const Gauss4Bucket e = gauss4_bucket(v[j], r16, table_at);
+                const unsigned code = __float_as_uint(v[j]) > e.cut ? e.codes >> 8 : e.codes;
+                w[j * bits / 32] |= (code & 0xfu) << (bits * j % 32);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < E; ++j)
+                w[j * bits / 32] |= (encode<FMT>(v[j], scale, usable) & ((1u << bits) - 1u)) << (bits * j % 32);
+        }
+        const long long r = g / per_row, b = g - r * per_row;
+        const PackedRow row{packed + r * row_bytes(per_row, block, bits), per_row};
+        if (lane == 0) store_scale<VEC>(row.scale(b), scale);
+        unsigned char* const p = row.payload(b, block, lane * E, bits);
+#pragma unroll
+        for (int q = 0; q < E * bits / 32; ++q) store_word<VEC>(p + 4 * q, w[q]);
+    }
+}

@@ -18,7 +18,7 @@ the host's launch time (cupy from Python, torch's many ops) stays out of the GPU
 
 from __future__ import annotations
 
-import sys
+import argparse
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -101,15 +101,13 @@ def cases(kernels: Kernels, name: str, feedback: bool, values: int) -> dict[str,
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    mib = MIB
-    if args[:1] == ["--mib"]:
-        mib, args = int(args[1]), args[2:]
+    p = argparse.ArgumentParser(description="the fused quantized-wire kernels against a copy")
+    p.add_argument("wires", nargs="*", choices=list(quant.FORMATS), metavar="WIRE",
+                   help=f"wires to measure, of {list(quant.FORMATS)} (default: all)")
+    p.add_argument("--mib", type=int, default=MIB, help="MiB of fp32 a call (default: 64)")
+    args = p.parse_args()
+    mib, wires = args.mib, args.wires or list(quant.FORMATS)
     values = (mib << 20) // 4
-    wires = args or list(quant.FORMATS)
-    unknown = sorted(set(wires) - set(quant.FORMATS))
-    if unknown:
-        raise SystemExit(f"unknown wire(s) {unknown}: choose from {sorted(quant.FORMATS)}")
     kernels = Kernels(torch.device("cuda", torch.cuda.current_device()))
     copies = Copies()
     print(f"# {torch.cuda.get_device_name()}: device-to-device copy of 64 MiB "

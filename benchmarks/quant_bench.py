@@ -102,10 +102,13 @@ def cases(kernels: Kernels, name: str, feedback: bool, values: int) -> dict[str,
 
 def main() -> None:
     p = argparse.ArgumentParser(description="the fused quantized-wire kernels against a copy")
-    p.add_argument("wires", nargs="*", choices=list(quant.FORMATS), metavar="WIRE",
+    p.add_argument("wires", nargs="*", metavar="WIRE",
                    help=f"wires to measure, of {list(quant.FORMATS)} (default: all)")
     p.add_argument("--mib", type=int, default=MIB, help="MiB of fp32 a call (default: 64)")
     args = p.parse_args()
+    unknown = sorted(set(args.wires) - set(quant.FORMATS))
+    if unknown:  # not argparse's choices: with nargs="*" it refuses the empty default
+        p.error(f"unknown wire(s) {unknown}: choose from {list(quant.FORMATS)}")
     mib, wires = args.mib, args.wires or list(quant.FORMATS)
     values = (mib << 20) // 4
     kernels = Kernels(torch.device("cuda", torch.cuda.current_device()))

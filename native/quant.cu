@@ -361,9 +361,12 @@ __device__ __forceinline__ void store_word(unsigned char* p, unsigned u) {
 // 64 contiguous bytes, so loading them straight from global memory makes every load
 // instruction touch 32 separate 16-byte pieces of 16 lines; and without the copy in
 // flight during the work, too few bytes are on their way to keep HBM busy.
-// Chunk c sits at slot c ^ ((c / R) % R), R chunks a 128-byte row: the copies (32
-// consecutive chunks) and the lanes' reads of their 4 chunks (4w .. 4w + 3) both meet
-// every bank once a phase. Needs sm_80 (cp.async); before that, plain loads.
+// Chunk c (`chunk` bytes, R = 128 / chunk of them a 128-byte row of banks) sits at slot
+// c ^ ((c / R) % 4): the copies (a phase's R lanes vary c's bits below R) and the lanes'
+// reads of their 4 chunks (4w .. 4w + 3: a phase's R lanes vary bits 2 .. log2 R + 1)
+// both meet every bank once a phase. And the addresses stay two registers a lane: copy q
+// is the lane's first slot plus 32 q chunks (xored by a constant for 16-bit T), read q
+// the lane's first read xored by q. Needs sm_80 (cp.async); before that, plain loads.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define RR_STAGED_LOADS 1
 #else
@@ -372,45 +375,115 @@ __device__ __forceinline__ void store_word(unsigned char* p, unsigned u) {
 
 template <typename T>
 struct Staging {
-    static constexpr int chunk = 4 * sizeof(T), row = 128 / chunk, chunks = 128;
-    unsigned char* base;  // this warp's chunks * chunk bytes
-    __device__ __forceinline__ static int slot(int c) { return c ^ ((c / row) % row); }
+    static constexpr int chunk = 4 * sizeof(T), row_bits = chunk == 16 ? 3 : 4, chunks = 128;
+    __host__ __device__ static constexpr int slot(int c) { return c ^ ((c >> row_bits) & 3); }
+    unsigned copy_at;  // shared address of the lane's copy 0 (a warp's area is 4-chunk aligned)
+    unsigned read_at;  // of its read 0
 
-    // Chunks w, w + 32, w + 64, w + 96 of blocks first, first + 1 (zeros past nblocks).
+    __device__ __forceinline__ Staging(unsigned char* warp_area, int w)
+        : copy_at(static_cast<unsigned>(__cvta_generic_to_shared(warp_area)) + slot(w) * chunk),
+          read_at(static_cast<unsigned>(__cvta_generic_to_shared(warp_area)) +
+                  slot(4 * w) * chunk) {}
+
+    // Chunks w, w + 32, w + 64, w + 96 of blocks first, first + 1 (zeros past nblocks;
+    // block first is always real).
     __device__ __forceinline__ void fetch(const T* x, long long first, long long nblocks,
                                           int w) const {
 #if RR_STAGED_LOADS
+        const T* const src = x + first * 256 + w * 4;
+        const bool second = first + 1 < nblocks;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-            const int c = q * 32 + w;
-            const bool real = first + c / 64 < nblocks;
-            const T* src = real ? x + first * 256 + c * 4 : x;
-            const unsigned dst =
-                static_cast<unsigned>(__cvta_generic_to_shared(base + slot(c) * chunk));
+            const bool real = q < 2 || second;
+            // slot(32 q + w) = 32 q + (slot(w) ^ k): k from q's bits that reach c / R
+            constexpr int shift = 5 - row_bits;
+            const int k = (q << shift) & 3;
+            const unsigned dst = (copy_at ^ (k * chunk)) + 32 * q * chunk;
+            const T* const from = real ? src + q * 128 : x;
             if constexpr (chunk == 16) {
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                             :: "r"(dst), "l"(src), "r"(real ? 16 : 0) : "memory");
+                             :: "r"(dst), "l"(from), "r"(real ? 16 : 0) : "memory");
             } else {
                 asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;"
-                             :: "r"(dst), "l"(src), "n"(chunk), "r"(real ? chunk : 0) : "memory");
+                             :: "r"(dst), "l"(from), "n"(chunk), "r"(real ? chunk : 0) : "memory");
             }
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
     }
 
-    // Lane w's 16 values (chunks 4w .. 4w + 3), once every lane's copies have landed.
-    __device__ __forceinline__ void take(int w, float (&v)[16]) const {
+    // Lane w's 16 values (chunks 4w .. 4w + 3: slot(4 w + q) = slot(4 w) ^ q), once every
+    // lane's copies have landed.
+    __device__ __forceinline__ void take(float (&v)[16]) const {
 #if RR_STAGED_LOADS
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncwarp();
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-            load4<T, true>(reinterpret_cast<const T*>(base + slot(4 * w + q) * chunk), &v[q * 4]);
+        for (int q = 0; q < 4; ++q) {
+            const unsigned at = read_at ^ (q * chunk);
+            if constexpr (chunk == 16) {
+                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                             : "=f"(v[4 * q]), "=f"(v[4 * q + 1]), "=f"(v[4 * q + 2]),
+                               "=f"(v[4 * q + 3]) : "r"(at));
+            } else {
+                unsigned h[2];
+                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(h[0]), "=r"(h[1]) : "r"(at));
+                Pack<T, 4> p;
+                memcpy(&p, h, sizeof(p));
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[4 * q + e] = to_acc(p.v[e]);
+            }
+        }
         __syncwarp();  // every lane's reads are done before the next fetch overwrites them
 #endif
     }
 };
+
+// Where block g's scale and codes go, followed through the grid-stride loop's steps
+// without a division a block: with b = g mod per_row, g's row begins (g - b) (4 + 32 bits)
+// bytes in (a block is its 4-byte scale and 32 bits bytes of codes), so its scale is at
+// packed + (4 + 32 bits) g - 32 bits b and its codes at packed + (4 + 32 bits) g + 4 per_row
+// - 4 b.
+template <int BITS>
+struct BlockCursor {
+    static constexpr int bytes = 4 + 32 * BITS;  // a block's, scale and codes
+    unsigned char* at;                          // packed + bytes * g
+    long long b, per_row, b_step;
+    long long at_step;
+
+    __device__ __forceinline__ BlockCursor(unsigned char* packed, long long g, long long per_row,
+                                           long long step)
+        : at(packed + bytes * g), b(g % per_row), per_row(per_row), b_step(step % per_row),
+          at_step(bytes * step) {}
+
+    __device__ __forceinline__ void advance() {  // g += step
+        at += at_step;
+        b += b_step;
+        if (b >= per_row) b -= per_row;
+    }
+    __device__ __forceinline__ unsigned char* scale() const { return at - 32 * BITS * b; }
+    __device__ __forceinline__ unsigned char* codes() const { return at + 4 * (per_row - b); }
+};
+
+// The last Walsh-Hadamard pass in layout B (h = 8: registers j, j + 8, elements i, i + 128)
+// and the lane's max-abs of its results: max(|a + b|, |a - b|) rounded is RN(|a| + |b|)
+// (one of the two is |a| + |b| exactly; rounding is monotone and odd), one add a pair
+// instead of an and and a max a value. Not where that add is inf: a nan the pass made
+// (inf - inf) would be missed, so the caller takes nan_max over the values then.
+__device__ __forceinline__ float last_pass_maxabs(float (&v)[16]) {
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float a = v[j], b = v[j + 8];
+        v[j] = f_add(a, b);
+        v[j + 8] = f_sub(a, b);
+        float s;
+        asm("{ .reg .f32 p, q; abs.f32 p, %1; abs.f32 q, %2; add.rn.f32 %0, p, q; }"
+            : "=f"(s) : "f"(a), "f"(b));
+        m = nan_max(m, s);
+    }
+    return m;
+}
 
 // rr_quantize for rotated 256-value blocks without error feedback (kernels.py takes it
 // for those; with feedback rr_quantize runs): the same bytes, with one shared-memory move
@@ -419,20 +492,22 @@ struct Staging {
 // from the warp's Staging, fetched a step ahead, else straight from global memory),
 // multiplied by the signs, passes h = 1, 2, 4, 8; through the group's
 // tile into B (register j of lane l: element l + 16 * j), passes h = 16 .. 128: quant.py's
-// rotate, the same products, sums and order. In B the block's max-abs (16 registers,
+// rotate, the same products, sums and order. In B the block's max-abs (the last pass's,
 // then 4 xor-shuffles inside the 16 lanes) and each value's code: int4's from the group's
 // bucket table (quant.cuh's Gauss4Bucket: one fma, one lookup, one compare a value), the
-// rest, and int4 blocks of scales below 2^-100, by quant.cuh's encode.
+// rest, and int4 blocks of scales outside [2^-100, 2^100), by quant.cuh's encode.
 // The codes go back to element order as bytes through the tile (code of element i at
 // byte i), and lane l packs elements l * 16 .. l * 16 + 15 into 2 words (int4; 8-bit
-// codes 4) of the payload.
+// codes 4) of the payload. Instructions are what bounds this kernel (ncu: an issue in
+// three cycles of four, "not selected" the largest stall), so the loop keeps its
+// addresses in registers and divides nothing.
 template <typename T, int FMT, bool VEC>
 __global__ void __launch_bounds__(RR_QUANT_THREADS)
 rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
                    long long nblocks, long long per_row, float inv_qmax) {
     constexpr int bits = QuantWire<FMT>::bits, block = 256, E = 16;
     constexpr int stride = 336;  // tile floats a block (rr_dequantize_rot256's tile)
-    const int lane = threadIdx.x & 15, group = (threadIdx.x & 31) >> 4;
+    const int lane = threadIdx.x & 15, group = (threadIdx.x & 31) >> 4, w = threadIdx.x & 31;
     const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * 2;
     __shared__ Pack<float, 4> tile[RR_QUANT_THREADS / 32 * 2 * stride / 4];
@@ -465,17 +540,20 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
         for (int j = 0; j < E; ++j) asm("" : "+f"(d[j]));
     }
     constexpr bool staged = VEC && RR_STAGED_LOADS;
-    __shared__ Pack<float, 4> stage_x[staged ? RR_QUANT_THREADS / 32 * 32 * sizeof(T) : 1];
-    const Staging<T> staging{reinterpret_cast<unsigned char*>(stage_x) +
-                             (threadIdx.x >> 5) * Staging<T>::chunks * Staging<T>::chunk};
-    if constexpr (staged) staging.fetch(x, warp * 2, nblocks, threadIdx.x & 31);
-    for (long long first = warp * 2; first < nblocks; first += step) {
+    __shared__ __align__(128) Pack<float, 4> stage_x[staged ? RR_QUANT_THREADS / 32 * 32 * sizeof(T) : 1];
+    const Staging<T> staging(reinterpret_cast<unsigned char*>(stage_x) +
+                             (threadIdx.x >> 5) * Staging<T>::chunks * Staging<T>::chunk, w);
+    if constexpr (staged) {
+        if (warp * 2 < nblocks) staging.fetch(x, warp * 2, nblocks, w);
+    }
+    BlockCursor<bits> cursor(packed, warp * 2 + group, per_row, step);
+    for (long long first = warp * 2; first < nblocks; first += step, cursor.advance()) {
         const long long g = first + group;
         const bool active = g < nblocks;
         float v[E];
         if constexpr (staged) {
-            staging.take(threadIdx.x & 31, v);
-            if (first + step < nblocks) staging.fetch(x, first + step, nblocks, threadIdx.x & 31);
+            staging.take(v);
+            if (first + step < nblocks) staging.fetch(x, first + step, nblocks, w);
         } else {
 #pragma unroll
             for (int q = 0; q < E / 4; ++q) {
@@ -486,18 +564,38 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
         }
 #pragma unroll
         for (int j = 0; j < E; ++j) v[j] = f_mul(v[j], d[j]);
-        rotate_a_then_b(v, t, lane);  // the previous block's reads of the tile are done
-        float maxabs = 0.0f;
+        // rotate_a_then_b (the previous block's reads of the tile are done) but its last pass
+        butterflies_in_lane<E, 1, E>(v);
+        __syncwarp();
 #pragma unroll
-        for (int j = 0; j < E; ++j) maxabs = nan_max(maxabs, f_abs(v[j]));
+        for (int q = 0; q < E / 4; ++q) {
+            Pack<float, 4> f;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f.v[e] = v[q * 4 + e];
+            *reinterpret_cast<Pack<float, 4>*>(t + lane * 20 + q * 4) = f;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < E; ++j) v[j] = t[lane + 20 * j];
+        butterflies_in_lane<E, 1, E / 2>(v);
+        float maxabs = last_pass_maxabs(v);
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1)
             maxabs = nan_max(maxabs, __shfl_xor_sync(0xffffffffu, maxabs, o));
+        if (__any_sync(0xffffffffu, __float_as_uint(maxabs) == 0x7f800000u)) {
+            maxabs = 0.0f;  // an inf sum: nan_max over the values, which may hold an inf - inf
+#pragma unroll
+            for (int j = 0; j < E; ++j) maxabs = nan_max(maxabs, f_abs(v[j]));
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1)
+                maxabs = nan_max(maxabs, __shfl_xor_sync(0xffffffffu, maxabs, o));
+        }
         const float scale = f_mul(maxabs, inv_qmax);
         const bool usable = usable_scale(scale);
-        // The common block: every value finite, |v| <= max-abs = scale >= 2^-100.
+        // The common block: every value finite, |v| <= max-abs = scale in [2^-100, 2^100).
         const bool bucketed = FMT == 3 && usable && inv_qmax == 1.0f &&
-                              __float_as_uint(scale) >= GAUSS4_BUCKET_MIN_SCALE;
+                              __float_as_uint(scale) - GAUSS4_BUCKET_MIN_SCALE <
+                                  GAUSS4_BUCKET_MAX_SCALE - GAUSS4_BUCKET_MIN_SCALE;
         if (bucketed && lane < 7) {
             const unsigned cut = gauss4_cut(mid, scale);
             table[16 + at].cut = cut;
@@ -507,7 +605,7 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
         // block's table reads before these cuts, these cuts before this block's reads
         __syncwarp();
         if (bucketed) {
-            const float r16 = f_div(16.0f, scale);
+            const float r16 = gauss4_r16(scale);
 #pragma unroll
             for (int j = 0; j < E; ++j) {
                 const Gauss4Bucket e = gauss4_bucket(v[j], r16, table_at);
@@ -522,20 +620,16 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
         __syncwarp();
         if (!active) continue;
         const Pack<unsigned, 4> c = *reinterpret_cast<const Pack<unsigned, 4>*>(tb + lane * E);
-        const long long r = g / per_row, b = g - r * per_row;
-        const PackedRow row{packed + r * row_bytes(per_row, block, bits), per_row};
-        if (lane == 0) store_scale<VEC>(row.scale(b), scale);
-        unsigned char* const p = row.payload(b, block, lane * E, bits);
+        if (lane == 0) store_scale<VEC>(cursor.scale(), scale);
+        unsigned char* const p = cursor.codes() + lane * E * bits / 8;
         if constexpr (bits == 4) {
-            // w | w >> 4 holds codes 0, 1 of w in its byte 0 and codes 2, 3 in byte 2,
-            // the even element in the low nibble
+            // c + (c >> 4) holds codes 0, 1 of c in its byte 0 and codes 2, 3 in byte 2
+            // (each code below 16: no carries), the even element in the low nibble
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const unsigned lo = c.v[2 * h] | (c.v[2 * h] >> 4);
-                const unsigned hi = c.v[2 * h + 1] | (c.v[2 * h + 1] >> 4);
-                store_word<VEC>(p + 4 * h, (lo & 0xffu) | ((lo >> 8) & 0xff00u) |
-                                               ((hi & 0xffu) << 16) | ((hi << 8) & 0xff000000u));
-            }
+            for (int h = 0; h < 2; ++h)
+                store_word<VEC>(p + 4 * h, __byte_perm(c.v[2 * h] + (c.v[2 * h] >> 4),
+                                                       c.v[2 * h + 1] + (c.v[2 * h + 1] >> 4),
+                                                       0x6420));
         } else {
 #pragma unroll
             for (int h = 0; h < 4; ++h) store_word<VEC>(p + 4 * h, c.v[h]);

@@ -176,7 +176,18 @@ struct Gauss4Bucket {
 };
 constexpr int GAUSS4_BUCKETS = 33;
 constexpr int GAUSS4_TABLE = 64;  // entries a table takes: 512 bytes
-constexpr unsigned GAUSS4_BUCKET_MIN_SCALE = 27u << 23;  // bits of 2^-100
+constexpr unsigned GAUSS4_BUCKET_MIN_SCALE = 27u << 23;   // bits of 2^-100
+constexpr unsigned GAUSS4_BUCKET_MAX_SCALE = 227u << 23;  // of 2^100 (scales below it)
+
+// 16 / scale for gauss4_bucket, scale in [2^-100, 2^100): an approximate reciprocal (at
+// most 2 ulp off, and a normal float in that range) times 16 moves v * r16 by under
+// 2^-18 of a bucket, where the entries' widening leaves 5/2048 of the scale (1/25 of a
+// bucket) to spare; no division's correction steps.
+__device__ __forceinline__ float gauss4_r16(float scale) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(scale));
+    return f_mul(r, 16.0f);
+}
 
 // v's entry of the table at shared-memory address `table` (a multiple of 512): fma's sum
 // 1.5 * 2^20 + 16.5 + v * 16 / scale, rounded to 1/8 (its ulp), has 8 * floor(16 y +

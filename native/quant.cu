@@ -502,7 +502,7 @@ __device__ __forceinline__ float last_pass_maxabs(float (&v)[16]) {
 // three cycles of four, "not selected" the largest stall), so the loop keeps its
 // addresses in registers and divides nothing.
 template <typename T, int FMT, bool VEC>
-__global__ void __launch_bounds__(RR_QUANT_THREADS)
+__global__ void __launch_bounds__(RR_QUANT_THREADS, 4)
 rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
                    long long nblocks, long long per_row, float inv_qmax) {
     constexpr int bits = QuantWire<FMT>::bits, block = 256, E = 16;

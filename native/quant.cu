@@ -385,27 +385,26 @@ struct Staging {
           read_at(static_cast<unsigned>(__cvta_generic_to_shared(warp_area)) +
                   slot(4 * w) * chunk) {}
 
-    // Chunks w, w + 32, w + 64, w + 96 of blocks first, first + 1 (zeros past nblocks;
-    // block first is always real).
+    // Chunks w, w + 32, w + 64, w + 96 of blocks first, first + 1 (block first is always
+    // real; past nblocks, block first again: a group past the end stores nothing).
     __device__ __forceinline__ void fetch(const T* x, long long first, long long nblocks,
                                           int w) const {
 #if RR_STAGED_LOADS
         const T* const src = x + first * 256 + w * 4;
-        const bool second = first + 1 < nblocks;
+        const T* const second = first + 1 < nblocks ? src + 256 : src;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-            const bool real = q < 2 || second;
             // slot(32 q + w) = 32 q + (slot(w) ^ k): k from q's bits that reach c / R
             constexpr int shift = 5 - row_bits;
             const int k = (q << shift) & 3;
             const unsigned dst = (copy_at ^ (k * chunk)) + 32 * q * chunk;
-            const T* const from = real ? src + q * 128 : x;
+            const T* const from = (q < 2 ? src : second) + (q % 2) * 128;
             if constexpr (chunk == 16) {
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                             :: "r"(dst), "l"(from), "r"(real ? 16 : 0) : "memory");
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                             :: "r"(dst), "l"(from) : "memory");
             } else {
-                asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;"
-                             :: "r"(dst), "l"(from), "n"(chunk), "r"(real ? chunk : 0) : "memory");
+                asm volatile("cp.async.ca.shared.global [%0], [%1], %2;"
+                             :: "r"(dst), "l"(from), "n"(chunk) : "memory");
             }
         }
         asm volatile("cp.async.commit_group;" ::: "memory");

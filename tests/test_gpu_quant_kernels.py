@@ -2,9 +2,10 @@
 without error feedback), the add's dequantize + fp32 sum + requantize, and the final
 dequantize (with AVG and the cast), for every format, float32/float16/bfloat16, blocks
 of 256 and 24 (two lanes of 12 values), 64, 128 and 8 (every shared-memory layout of the
-rotation), unaligned rows, and blocks of zeros, -0.0,
-inf, nan, ties, huge and subnormal values. The reference is compressed.py's own torch
-path (``Codec`` without kernels), so the test holds what the route relies on.
+rotation), unaligned rows, and blocks of zeros, -0.0, inf (one, and two that meet in
+the rotation's last pass), nan, ties, huge and subnormal values. The reference is
+compressed.py's own torch path (``Codec`` without kernels), so the test holds what the
+route relies on.
 
 GPU only (marked ``gpu``). NaN compares by position (its payload is not specified by
 either path); everything else, bytes and values, compares exactly.
@@ -65,6 +66,8 @@ def _data(rows: int, k: int, block: int, seed: int, dtype: torch.dtype) -> torch
         flat[5 * block + 1] = float("inf")
         flat[6 * block + block - 1] = float("nan")
         flat[6 * block] = -float("inf")
+    if k // block > 7:  # two infs that first meet in the rotation's last pass: inf - inf there
+        flat[7 * block] = flat[7 * block + block // 2] = float("inf")
     if rows > 1:
         x[1, :block] = 3e38
     return x.to(dtype).cuda()

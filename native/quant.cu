@@ -357,16 +357,15 @@ __device__ __forceinline__ void store_word(unsigned char* p, unsigned u) {
 
 // x's staging for rr_quantize_rot256: a warp's two blocks (512 values, 128 chunks of 4)
 // copied into shared memory with cp.async, coalesced (lane w copies chunks w, w + 32, ..),
-// while the warp works on the previous two. Why: lane l's own 16 values (layout A) are
-// 64 contiguous bytes, so loading them straight from global memory makes every load
-// instruction touch 32 separate 16-byte pieces of 16 lines; and without the copy in
-// flight during the work, too few bytes are on their way to keep HBM busy.
-// Chunk c (`chunk` bytes, R = 128 / chunk of them a 128-byte row of banks) sits at slot
-// c ^ ((c / R) % 4): the copies (a phase's R lanes vary c's bits below R) and the lanes'
-// reads of their 4 chunks (4w .. 4w + 3: a phase's R lanes vary bits 2 .. log2 R + 1)
-// both meet every bank once a phase. And the addresses stay two registers a lane: copy q
-// is the lane's first slot plus 32 q chunks (xored by a constant for 16-bit T), read q
-// the lane's first read xored by q. Needs sm_80 (cp.async); before that, plain loads.
+// while the warp works on the previous two. Why: the kernel's first layout (B: lane l
+// holds elements l + 16 j) loads single values, 64 bytes a group and instruction, and
+// without the copy in flight during the work too few bytes are on their way to keep HBM
+// busy. Chunk c (of `chunk` bytes) sits at slot c ^ ((c / 64) * 4), the second block 4
+// chunks over: a copy (32 consecutive chunks) meets every bank once a phase, and so does
+// a read of B's register j by both groups (4 chunks of each block). The addresses are
+// registers a lane plus compile-time offsets: copy q the lane's first slot plus 32 q
+// chunks (xored by 4 for the second block), read j one of two registers plus 4 j chunks.
+// Needs sm_80 (cp.async); before that, plain loads.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define RR_STAGED_LOADS 1
 #else
@@ -375,29 +374,30 @@ __device__ __forceinline__ void store_word(unsigned char* p, unsigned u) {
 
 template <typename T>
 struct Staging {
-    static constexpr int chunk = 4 * sizeof(T), row_bits = chunk == 16 ? 3 : 4, chunks = 128;
-    __host__ __device__ static constexpr int slot(int c) { return c ^ ((c >> row_bits) & 3); }
-    unsigned copy_at;  // shared address of the lane's copy 0 (a warp's area is 4-chunk aligned)
-    unsigned read_at;  // of its read 0
+    static constexpr int chunk = 4 * sizeof(T), chunks = 128;
+    __host__ __device__ static constexpr int slot(int c) { return c ^ ((c >> 6) << 2); }
+    unsigned copy_at;       // shared address of the lane's copy 0 (the warp's area: 128-byte aligned)
+    unsigned even_at, odd_at;  // of read 0 of its lane in B, for even and odd j
 
-    __device__ __forceinline__ Staging(unsigned char* warp_area, int w)
-        : copy_at(static_cast<unsigned>(__cvta_generic_to_shared(warp_area)) + slot(w) * chunk),
-          read_at(static_cast<unsigned>(__cvta_generic_to_shared(warp_area)) +
-                  slot(4 * w) * chunk) {}
+    // Lane l of group gr reads element l + 16 j of its block: chunk 64 gr + 4 j + l / 4,
+    // at slot 64 gr + 4 (j ^ gr) + l / 4.
+    __device__ __forceinline__ Staging(unsigned char* warp_area, int w, int l, int gr) {
+        const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(warp_area));
+        const unsigned read = at + (64 * gr + l / 4) * chunk + (l % 4) * sizeof(T);
+        copy_at = at + slot(w) * chunk;
+        even_at = read + 4 * gr * chunk;
+        odd_at = read - 4 * gr * chunk;
+    }
 
     // Chunks w, w + 32, w + 64, w + 96 of blocks first, first + 1 (block first is always
     // real; past nblocks, block first again: a group past the end stores nothing).
-    __device__ __forceinline__ void fetch(const T* x, long long first, long long nblocks,
-                                          int w) const {
+    __device__ __forceinline__ void fetch(const T* x, int first, int nblocks, int w) const {
 #if RR_STAGED_LOADS
-        const T* const src = x + first * 256 + w * 4;
+        const T* const src = x + static_cast<long long>(first) * 256 + w * 4;
         const T* const second = first + 1 < nblocks ? src + 256 : src;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-            // slot(32 q + w) = 32 q + (slot(w) ^ k): k from q's bits that reach c / R
-            constexpr int shift = 5 - row_bits;
-            const int k = (q << shift) & 3;
-            const unsigned dst = (copy_at ^ (k * chunk)) + 32 * q * chunk;
+            const unsigned dst = (copy_at ^ ((q / 2) * 4 * chunk)) + 32 * q * chunk;
             const T* const from = (q < 2 ? src : second) + (q % 2) * 128;
             if constexpr (chunk == 16) {
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
@@ -411,26 +411,20 @@ struct Staging {
 #endif
     }
 
-    // Lane w's 16 values (chunks 4w .. 4w + 3: slot(4 w + q) = slot(4 w) ^ q), once every
-    // lane's copies have landed.
+    // The lane's 16 values in B, once every lane's copies have landed.
     __device__ __forceinline__ void take(float (&v)[16]) const {
 #if RR_STAGED_LOADS
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncwarp();
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const unsigned at = read_at ^ (q * chunk);
-            if constexpr (chunk == 16) {
-                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                             : "=f"(v[4 * q]), "=f"(v[4 * q + 1]), "=f"(v[4 * q + 2]),
-                               "=f"(v[4 * q + 3]) : "r"(at));
+        for (int j = 0; j < 16; ++j) {
+            const unsigned at = (j % 2 ? odd_at : even_at) + 4 * j * chunk;
+            if constexpr (sizeof(T) == 4) {
+                asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v[j]) : "r"(at));
             } else {
-                unsigned h[2];
-                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(h[0]), "=r"(h[1]) : "r"(at));
-                Pack<T, 4> p;
-                memcpy(&p, h, sizeof(p));
-#pragma unroll
-                for (int e = 0; e < 4; ++e) v[4 * q + e] = to_acc(p.v[e]);
+                unsigned short h;
+                asm volatile("ld.shared.u16 %0, [%1];" : "=h"(h) : "r"(at));
+                v[j] = to_acc(T{h});
             }
         }
         __syncwarp();  // every lane's reads are done before the next fetch overwrites them
@@ -447,16 +441,14 @@ template <int BITS>
 struct BlockCursor {
     static constexpr int bytes = 4 + 32 * BITS;  // a block's, scale and codes
     unsigned char* at;                          // packed + bytes * g
-    long long b, per_row, b_step;
-    long long at_step;
+    int b, per_row, b_step;
 
-    __device__ __forceinline__ BlockCursor(unsigned char* packed, long long g, long long per_row,
-                                           long long step)
-        : at(packed + bytes * g), b(g % per_row), per_row(per_row), b_step(step % per_row),
-          at_step(bytes * step) {}
+    __device__ __forceinline__ BlockCursor(unsigned char* packed, int g, int per_row, int step)
+        : at(packed + static_cast<long long>(bytes) * g), b(g % per_row), per_row(per_row),
+          b_step(step % per_row) {}
 
-    __device__ __forceinline__ void advance() {  // g += step
-        at += at_step;
+    __device__ __forceinline__ void advance(int step) {  // g += step
+        at += static_cast<long long>(bytes) * step;
         b += b_step;
         if (b >= per_row) b -= per_row;
     }
@@ -464,8 +456,25 @@ struct BlockCursor {
     __device__ __forceinline__ unsigned char* codes() const { return at + 4 * (per_row - b); }
 };
 
-// The last Walsh-Hadamard pass in layout B (h = 8: registers j, j + 8, elements i, i + 128)
-// and the lane's max-abs of its results: max(|a + b|, |a - b|) rounded is RN(|a| + |b|)
+// A lane's 16 codes of consecutive elements (c[j]: bits 0 .. BITS - 1, anything above)
+// as the payload's bytes at p: int4's pair c[2h] + 16 c[2h + 1] has them in its byte 0
+// (the even element low; no carry reaches it), then byte permutes gather 4 bytes a word.
+template <int BITS, bool VEC>
+__device__ __forceinline__ void store_codes_a(const unsigned (&c)[16], unsigned char* p) {
+    constexpr int per_byte = 8 / BITS;
+    unsigned b[16 / per_byte];
+#pragma unroll
+    for (int h = 0; h < 16 / per_byte; ++h)
+        b[h] = BITS == 4 ? c[2 * h] + (c[2 * h + 1] << 4) : c[h];
+#pragma unroll
+    for (int h = 0; h < 16 / per_byte / 4; ++h)
+        store_word<VEC>(p + 4 * h, __byte_perm(__byte_perm(b[4 * h], b[4 * h + 1], 0x40),
+                                               __byte_perm(b[4 * h + 2], b[4 * h + 3], 0x40),
+                                               0x5410));
+}
+
+// The last Walsh-Hadamard pass of rr_quantize_rot256 (h = 8 in layout A: registers j,
+// j + 8) and the lane's max-abs of its results: max(|a + b|, |a - b|) rounded is RN(|a| + |b|)
 // (one of the two is |a| + |b| exactly; rounding is monotone and odd), one add a pair
 // instead of an and and a max a value. Not where that add is inf: a nan the pass made
 // (inf - inf) would be missed, so the caller takes nan_max over the values then.
@@ -485,21 +494,22 @@ __device__ __forceinline__ float last_pass_maxabs(float (&v)[16]) {
 }
 
 // rr_quantize for rotated 256-value blocks without error feedback (kernels.py takes it
-// for those; with feedback rr_quantize runs): the same bytes, with one shared-memory move
-// a value instead of three. rr_dequantize_rot256's lanes and layouts in reverse order:
-// x is loaded in A (lane l: elements l * 16 .. l * 16 + 15, four chunks of 4; aligned x
-// from the warp's Staging, fetched a step ahead, else straight from global memory),
-// multiplied by the signs, passes h = 1, 2, 4, 8; through the group's
-// tile into B (register j of lane l: element l + 16 * j), passes h = 16 .. 128: quant.py's
-// rotate, the same products, sums and order. In B the block's max-abs (the last pass's,
-// then 4 xor-shuffles inside the 16 lanes) and each value's code: int4's from the group's
-// bucket table (quant.cuh's Gauss4Bucket: one fma, one lookup, one compare a value), the
-// rest, and int4 blocks of scales outside [2^-100, 2^100), by quant.cuh's encode.
-// The codes go back to element order as bytes through the tile (code of element i at
-// byte i), and lane l packs elements l * 16 .. l * 16 + 15 into 2 words (int4; 8-bit
-// codes 4) of the payload. Instructions are what bounds this kernel (ncu: an issue in
-// three cycles of four, "not selected" the largest stall), so the loop keeps its
-// addresses in registers and divides nothing.
+// for those; with feedback rr_quantize runs): the same bytes as quant.py, whose forward
+// rotation of these blocks passes index bits 4-7 first, then 0-3, for this kernel's
+// layouts. 16 lanes a block (two blocks a warp), 16 values a lane, in two layouts: "B",
+// register j of lane l is element l + 16 j (bits 4-7 in the registers), where x is loaded
+// (from the warp's Staging, fetched a step ahead, for aligned x; else from global memory),
+// multiplied by the signs and passes h = 16 .. 128 run; then, through the group's tile,
+// "A", register j of lane l is element l * 16 + j (bits 0-3), where the passes h = 1, 2,
+// 4, 8 run, the block's max-abs is taken (the last pass's, then 4 xor-shuffles inside the
+// 16 lanes), and each value's code: int4's
+// from the group's bucket table (quant.cuh's Gauss4Bucket: one fma, one lookup, one
+// compare a value), the rest, and int4 blocks of scales outside [2^-100, 2^100), by
+// quant.cuh's encode. In A a lane's 16 codes are 16 consecutive elements: packed in
+// registers and stored as 2 words (int4; 8-bit codes 4).
+// What bounds it is the shared-memory pipe and instruction issue (ncu), so a value moves
+// through shared memory twice (staging, tile), the loop keeps its addresses in registers
+// and divides nothing; kernels.py launches it for fewer than 2^31 blocks (int indices).
 template <typename T, int FMT, bool VEC>
 __global__ void __launch_bounds__(RR_QUANT_THREADS, 4)
 rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
@@ -507,12 +517,12 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
     constexpr int bits = QuantWire<FMT>::bits, block = 256, E = 16;
     constexpr int stride = 336;  // tile floats a block (rr_dequantize_rot256's tile)
     const int lane = threadIdx.x & 15, group = (threadIdx.x & 31) >> 4, w = threadIdx.x & 31;
-    const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-    const long long step = (static_cast<long long>(gridDim.x) * blockDim.x >> 5) * 2;
+    const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    const int step = static_cast<int>(gridDim.x * blockDim.x >> 5) * 2;
+    const int count = static_cast<int>(nblocks);
     __shared__ Pack<float, 4> tile[RR_QUANT_THREADS / 32 * 2 * stride / 4];
     float* const t = reinterpret_cast<float*>(tile) + (threadIdx.x >> 5) * 2 * stride +
                      group * stride;
-    unsigned char* const tb = reinterpret_cast<unsigned char*>(t);
     // gauss4's bucket table (quant.cuh's Gauss4Bucket), the group's own: every entry's codes
     // once; each block, lanes 0-6 write threshold `lane`'s cut into its two entries.
     // (512 bytes a table, 64 entries of which 33 are used: an entry's address is one or
@@ -525,15 +535,15 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
     if constexpr (FMT == 3) {
         for (int n = lane; n < GAUSS4_BUCKETS; n += 16) gauss4_bucket_init(n, table);
     }
-    // quant.py's signs of rotate for A's elements: s_i 2^-4 (log2(256) / 2), s_i of element
-    // lane * 16 + j in bit 16 (lane % 2) + j of word lane / 2.
+    // quant.py's signs of rotate for B's elements: s_i 2^-4 (log2(256) / 2), s_i of
+    // element lane + 16 j in bit lane + 16 (j % 2) of word j / 2.
     float d[E];
     {
         const float power = __uint_as_float(static_cast<unsigned>(127 - 4) << 23);
-        const unsigned bits = rr_signs256.words[lane / 2] >> (16 * (lane % 2));
 #pragma unroll
-        for (int j = 0; j < E; ++j) d[j] = (bits >> j) & 1u ? -power : power;
-        // kept in registers: under the staging's register pressure the compiler would
+        for (int j = 0; j < E; ++j)
+            d[j] = (rr_signs256.words[j / 2] >> (lane + 16 * (j % 2))) & 1u ? -power : power;
+        // kept in registers: under the loop's register pressure the compiler would
         // otherwise work them out again every block
 #pragma unroll
         for (int j = 0; j < E; ++j) asm("" : "+f"(d[j]));
@@ -541,48 +551,44 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
     constexpr bool staged = VEC && RR_STAGED_LOADS;
     __shared__ __align__(128) Pack<float, 4> stage_x[staged ? RR_QUANT_THREADS / 32 * 32 * sizeof(T) : 1];
     const Staging<T> staging(reinterpret_cast<unsigned char*>(stage_x) +
-                             (threadIdx.x >> 5) * Staging<T>::chunks * Staging<T>::chunk, w);
+                             (threadIdx.x >> 5) * Staging<T>::chunks * Staging<T>::chunk,
+                             w, lane, group);
     if constexpr (staged) {
-        if (warp * 2 < nblocks) staging.fetch(x, warp * 2, nblocks, w);
+        if (warp * 2 < count) staging.fetch(x, warp * 2, count, w);
     }
-    BlockCursor<bits> cursor(packed, warp * 2 + group, per_row, step);
-    for (long long first = warp * 2; first < nblocks; first += step, cursor.advance()) {
-        const long long g = first + group;
-        const bool active = g < nblocks;
+    BlockCursor<bits> cursor(packed, warp * 2 + group, static_cast<int>(per_row), step);
+    for (int first = warp * 2; first < count; first += step, cursor.advance(step)) {
+        const int g = first + group;
+        const bool active = g < count;
         float v[E];
         if constexpr (staged) {
             staging.take(v);
-            if (first + step < nblocks) staging.fetch(x, first + step, nblocks, w);
+            if (first + step < count) staging.fetch(x, first + step, count, w);
         } else {
+            const T* const from = x + static_cast<long long>(g) * block + lane;
 #pragma unroll
-            for (int q = 0; q < E / 4; ++q) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) v[q * 4 + e] = 0.0f;
-                if (active) load4<T, VEC>(x + g * block + lane * E + q * 4, &v[q * 4]);
-            }
+            for (int j = 0; j < E; ++j) v[j] = active ? to_acc(from[16 * j]) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < E; ++j) v[j] = f_mul(v[j], d[j]);
-        // rotate_a_then_b (the previous block's reads of the tile are done) but its last pass
-        butterflies_in_lane<E, 1, E>(v);
+        butterflies_in_lane<E, 1, E>(v);  // h = 16 .. 128
+        __syncwarp();  // the previous block's reads of the tile are done
+#pragma unroll
+        for (int j = 0; j < E; ++j) t[lane + 20 * j] = v[j];  // element i at i + 4 (i >> 4)
         __syncwarp();
 #pragma unroll
         for (int q = 0; q < E / 4; ++q) {
-            Pack<float, 4> f;
+            const Pack<float, 4> f = *reinterpret_cast<const Pack<float, 4>*>(t + lane * 20 + q * 4);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) f.v[e] = v[q * 4 + e];
-            *reinterpret_cast<Pack<float, 4>*>(t + lane * 20 + q * 4) = f;
+            for (int e = 0; e < 4; ++e) v[q * 4 + e] = f.v[e];
         }
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < E; ++j) v[j] = t[lane + 20 * j];
-        butterflies_in_lane<E, 1, E / 2>(v);
-        float maxabs = last_pass_maxabs(v);
+        butterflies_in_lane<E, 1, E / 2>(v);  // h = 1, 2, 4
+        float maxabs = last_pass_maxabs(v);    // h = 8
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1)
             maxabs = nan_max(maxabs, __shfl_xor_sync(0xffffffffu, maxabs, o));
         if (__any_sync(0xffffffffu, __float_as_uint(maxabs) == 0x7f800000u)) {
-            maxabs = 0.0f;  // an inf sum: nan_max over the values, which may hold an inf - inf
+            maxabs = 0.0f;  // an inf sum: nan_max over the values, which may hold inf - inf
 #pragma unroll
             for (int j = 0; j < E; ++j) maxabs = nan_max(maxabs, f_abs(v[j]));
 #pragma unroll
@@ -600,38 +606,23 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
             table[16 + at].cut = cut;
             table[16 - at].cut = cut | 0x80000000u;
         }
-        // every lane's B loads are done before the codes overwrite the tile, the previous
-        // block's table reads before these cuts, these cuts before this block's reads
+        // the previous block's table reads are done before these cuts, these cuts before
+        // this block's reads
         __syncwarp();
+        unsigned c[E];  // element lane * 16 + j's code in bits 0 .. bits - 1 (above: anything)
         if (bucketed) {
             const float r16 = gauss4_r16(scale);
 #pragma unroll
             for (int j = 0; j < E; ++j) {
                 const Gauss4Bucket e = gauss4_bucket(v[j], r16, table_at);
-                tb[lane + 16 * j] = static_cast<unsigned char>(
-                    __float_as_uint(v[j]) > e.cut ? e.codes >> 8 : e.codes);
+                c[j] = __float_as_uint(v[j]) > e.cut ? e.codes >> 8 : e.codes;
             }
         } else {
 #pragma unroll
-            for (int j = 0; j < E; ++j) tb[lane + 16 * j] = static_cast<unsigned char>(
-                encode<FMT>(v[j], scale, usable));
+            for (int j = 0; j < E; ++j) c[j] = encode<FMT>(v[j], scale, usable);
         }
-        __syncwarp();
         if (!active) continue;
-        const Pack<unsigned, 4> c = *reinterpret_cast<const Pack<unsigned, 4>*>(tb + lane * E);
         if (lane == 0) store_scale<VEC>(cursor.scale(), scale);
-        unsigned char* const p = cursor.codes() + lane * E * bits / 8;
-        if constexpr (bits == 4) {
-            // c + (c >> 4) holds codes 0, 1 of c in its byte 0 and codes 2, 3 in byte 2
-            // (each code below 16: no carries), the even element in the low nibble
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                store_word<VEC>(p + 4 * h, __byte_perm(c.v[2 * h] + (c.v[2 * h] >> 4),
-                                                       c.v[2 * h + 1] + (c.v[2 * h + 1] >> 4),
-                                                       0x6420));
-        } else {
-#pragma unroll
-            for (int h = 0; h < 4; ++h) store_word<VEC>(p + 4 * h, c.v[h]);
-        }
+        store_codes_a<bits, VEC>(c, cursor.codes() + lane * E * bits / 8);
     }
 }

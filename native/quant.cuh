@@ -566,13 +566,50 @@ __device__ __forceinline__ void walsh_hadamard(float (&v)[E], int lane, float* t
     butterflies_in_lane<E, (1 << (first - lL)), E>(v);
 }
 
-// quant.py's rotate: v = H (d * v).
+// The passes over bits W .. W + log2(LAST) - 1 in P(W), from and back to the tile (every
+// lane's stores are done when it returns).
+template <int E, int W, int LAST>
+__device__ __forceinline__ void window_passes(float (&v)[E], float* tile, int lane) {
+    const int base = p_base<E, W>(lane);
+#pragma unroll
+    for (int t = 0; t < E; ++t) v[t] = tile[base + rr_pad(t << W)];
+    butterflies_in_lane<E, 1, LAST>(v);
+#pragma unroll
+    for (int t = 0; t < E; ++t) tile[base + rr_pad(t << W)] = v[t];
+    __syncwarp();
+}
+
+// H v in quant.py's forward_passes order: as walsh_hadamard, except for blocks of 256
+// (bits 4-7 first, then 0-3; over 32 lanes of 8, C holding bits 0-1 and 7): P(4) (h =
+// 16, 32, 64), C (h = 128, 1, 2), P(2) (h = 4, 8), C.
+template <int E, int L>
+__device__ __forceinline__ void walsh_hadamard_forward(float (&v)[E], int lane, float* tile) {
+    if constexpr (E * L == 256) {
+        static_assert(E == 8 && L == 32, "a rotated 256-value block is 32 lanes of 8 here");
+        __syncwarp();  // the previous block's loads from the tile are done
+        tile_store_c<E, L>(tile, lane, v);
+        __syncwarp();
+        window_passes<E, 4, E>(v, tile, lane);  // bits 4, 5, 6
+        tile_load_c<E, L>(tile, lane, v);
+        butterflies_in_lane<E, 4, E>(v);  // bit 7 (C's register bit 2)
+        butterflies_in_lane<E, 1, 4>(v);  // bits 0, 1
+        __syncwarp();  // every lane's C loads are done
+        tile_store_c<E, L>(tile, lane, v);
+        __syncwarp();
+        window_passes<E, 2, 4>(v, tile, lane);  // bits 2, 3 (bit 4 is done)
+        tile_load_c<E, L>(tile, lane, v);
+    } else {
+        walsh_hadamard<E, L>(v, lane, tile);
+    }
+}
+
+// quant.py's rotate: v = H (d * v), in forward_passes' order.
 template <int E, int L>
 __device__ __forceinline__ void rotate_block(float (&v)[E], const float (&d)[E], int lane,
                                              float* tile) {
 #pragma unroll
     for (int j = 0; j < E; ++j) v[j] = f_mul(v[j], d[j]);
-    walsh_hadamard<E, L>(v, lane, tile);
+    walsh_hadamard_forward<E, L>(v, lane, tile);
 }
 
 // quant.py's rotate_back: v = d * (H v) + 0 (the add turns -0 into +0 and nothing else).

@@ -71,8 +71,8 @@ _QUANT_TYPES = {torch.float32: "float", torch.float16: "half_t", torch.bfloat16:
 _WARP = 32
 _CHUNK = 4
 #: Rotated 256-value blocks: rr_quantize_rot256 (without error feedback) and
-#: rr_dequantize_rot256, 16 lanes of 16 values a block, one shared-memory move a value
-#: (quant.cu); DEFAULT_BLOCKS_PER_SM (6 measured the same for the dequantize).
+#: rr_dequantize_rot256, 16 lanes of 16 values a block (quant.cu); DEFAULT_BLOCKS_PER_SM
+#: (6 measured the same for the dequantize).
 _ROT256 = 256
 _ROT256_VALUES = 16
 
@@ -206,6 +206,9 @@ class Kernels:
         width = _CHUNK * x.element_size()
         vec = _aligned(k, _CHUNK, (x, width), (out, 4), *_also(residual, 16))
         if rotate and block == _ROT256 and residual is None:
+            if rows * k // block >= 2**31:  # its indices are int: 2 TiB of float32
+                raise ValueError(f"quantizing {rows * k // block} blocks of {block} in one "
+                                 "call; the rotated kernel takes fewer than 2^31: split it")
             self._launch("quant.cu", f"rr_quantize_rot256<{_QUANT_TYPES[x.dtype]}, "
                          f"{_QUANT[fmt.encoding]}, {_bool(vec)}>", rows * k, _ROT256_VALUES, 4,
                          (np.uint64(x.data_ptr()), np.uint64(out.data_ptr()),

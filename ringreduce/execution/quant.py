@@ -209,12 +209,24 @@ def _gauss4_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 def rotate(x: torch.Tensor, block: int) -> torch.Tensor:
     """Each block of ``x`` (R, k) fp32 rotated: y = 2^-a H diag(s) x per block, a new
     tensor (``signs`` gives s and a; H the Walsh-Hadamard matrix of order ``block``, by
-    ``_walsh_hadamard``). The arithmetic native/quant.cuh's rr_rotate does bit for bit:
-    one multiply by a power of two (exact), then log2(block) passes of adds."""
+    ``_walsh_hadamard`` in ``forward_passes``' order). The arithmetic native/quant.cu's
+    kernels do bit for bit: one multiply by a power of two (exact), then log2(block)
+    passes of adds."""
     rows, k = x.shape
     forward, _ = signs(block, x.device)
     y = torch.mul(x.view(rows, k // block, block), forward)
-    return _walsh_hadamard(y.view(-1, block)).view(rows, k)
+    return _walsh_hadamard(y.view(-1, block), forward_passes(block)).view(rows, k)
+
+
+def forward_passes(block: int) -> tuple[int, ...]:
+    """The butterfly strides of ``rotate``, in order: h = 1, 2, .., block/2, except for
+    blocks of 256 (int4's): 16 .. 128 first, then 1 .. 8. Why: native/quant.cu's
+    rr_quantize_rot256 loads a block with index bits 0-3 across 16 lanes and ends with
+    them in each lane's registers, where 16 consecutive codes pack without another trip
+    through shared memory (rotate_back's order stays 1 .. 128: its kernel starts from the
+    packed codes)."""
+    strides = tuple(1 << b for b in range(block.bit_length() - 1))
+    return strides[4:] + strides[:4] if block == 256 else strides
 
 
 def rotate_back(y: torch.Tensor, block: int) -> None:
@@ -230,21 +242,19 @@ def rotate_back(y: torch.Tensor, block: int) -> None:
     out.add_(0.0)  # -0 (a zero times a negative sign) -> +0: zeros come back as zeros
 
 
-def _walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
-    """(N, B) -> H x per row, unnormalized, in log2(B) butterfly passes h = 1, 2, ..,
-    B/2: (x[i], x[i+h]) -> (x[i] + x[i+h], x[i] - x[i+h]) for i with bit h clear. One
-    fixed order of fp32 adds, which the kernels repeat (a value's bits 0-1 are its place
-    in a lane's chunk, the next log2(lanes) its lane, the rest its chunk)."""
+def _walsh_hadamard(x: torch.Tensor, passes: tuple[int, ...] | None = None) -> torch.Tensor:
+    """(N, B) -> H x per row, unnormalized, in log2(B) butterfly passes, by default h = 1,
+    2, .., B/2: (x[i], x[i+h]) -> (x[i] + x[i+h], x[i] - x[i+h]) for i with bit h clear.
+    Any order gives H x; each is one fixed order of fp32 adds, which the kernels repeat
+    (``forward_passes``)."""
     n, block = x.shape
     src, dst = x.contiguous(), torch.empty_like(x)
-    h = 1
-    while h < block:
+    for h in passes or tuple(1 << b for b in range(block.bit_length() - 1)):
         a = src.view(n, block // (2 * h), 2, h)
         out = dst.view(n, block // (2 * h), 2, h)
         torch.add(a[:, :, 0], a[:, :, 1], out=out[:, :, 0])
         torch.sub(a[:, :, 0], a[:, :, 1], out=out[:, :, 1])
         src, dst = dst, src
-        h *= 2
     return src
 
 

@@ -7,7 +7,7 @@
 //                         -> one packed row; residual = sum - its x'
 //   rr_dequantize         packed rows -> values (/ N for AVG), in the tensor's dtype
 //   rr_quantize_rot256, rr_dequantize_rot256: the rotated 256-value blocks (int4's),
-//                         16 lanes of 16 values a block, one shared-memory move a value
+//                         16 lanes of 16 values a block, one trip through a shared tile
 //
 // Layout (quant.py): a packed row of k values is k/B fp32 scales, then the payload (one
 // byte a value; int4 two, the even element in the low nibble). Rows are contiguous.
@@ -376,8 +376,8 @@ template <typename T>
 struct Staging {
     static constexpr int chunk = 4 * sizeof(T), chunks = 128;
     __host__ __device__ static constexpr int slot(int c) { return c ^ ((c >> 6) << 2); }
-    unsigned copy_at;       // shared address of the lane's copy 0 (the warp's area: 128-byte aligned)
-    unsigned even_at, odd_at;  // of read 0 of its lane in B, for even and odd j
+    unsigned copy_at;          // shared address of the lane's copy 0 (area 128-byte aligned)
+    unsigned even_at, odd_at;  // of its read 0 in B, for even and odd j
 
     // Lane l of group gr reads element l + 16 j of its block: chunk 64 gr + 4 j + l / 4,
     // at slot 64 gr + 4 (j ^ gr) + l / 4.
@@ -549,7 +549,8 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
         for (int j = 0; j < E; ++j) asm("" : "+f"(d[j]));
     }
     constexpr bool staged = VEC && RR_STAGED_LOADS;
-    __shared__ __align__(128) Pack<float, 4> stage_x[staged ? RR_QUANT_THREADS / 32 * 32 * sizeof(T) : 1];
+    __shared__ __align__(128)
+        Pack<float, 4> stage_x[staged ? RR_QUANT_THREADS / 32 * 32 * sizeof(T) : 1];
     const Staging<T> staging(reinterpret_cast<unsigned char*>(stage_x) +
                              (threadIdx.x >> 5) * Staging<T>::chunks * Staging<T>::chunk,
                              w, lane, group);
@@ -578,7 +579,8 @@ rr_quantize_rot256(const T* __restrict__ x, unsigned char* __restrict__ packed,
         __syncwarp();
 #pragma unroll
         for (int q = 0; q < E / 4; ++q) {
-            const Pack<float, 4> f = *reinterpret_cast<const Pack<float, 4>*>(t + lane * 20 + q * 4);
+            const Pack<float, 4> f =
+                *reinterpret_cast<const Pack<float, 4>*>(t + lane * 20 + q * 4);
 #pragma unroll
             for (int e = 0; e < 4; ++e) v[q * 4 + e] = f.v[e];
         }

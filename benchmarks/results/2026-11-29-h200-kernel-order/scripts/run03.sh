@@ -1,7 +1,0 @@
-. benchmarks/gpu_env.sh
-M=l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio,smsp__average_warp_latency_issue_stalled_mio_throttle.ratio,smsp__average_warp_latency_issue_stalled_not_selected.ratio,smsp__average_warp_latency_issue_stalled_selected.ratio,smsp__average_warp_latency_issue_stalled_short_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio,smsp__average_warp_latency_issue_stalled_lg_throttle.ratio,smsp__average_warp_latency_issue_stalled_drain.ratio,smsp__average_warp_latency_issue_stalled_no_instruction.ratio,smsp__average_warp_latency_issue_stalled_branch_resolving.ratio,smsp__average_warp_latency_issue_stalled_dispatch_stall.ratio,smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum
-for t in kq; do
-  d=.; [ $t = kq ] && d=kq
-  (cd $d && PYTHONPATH=/tmp/site:$PWD timeout 150 ncu --clock-control none -k regex:rr_quantize_rot256 -c 2 --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section Occupancy --metrics $M python3 prof.py > $OUT/ncu-$t.txt 2>&1)
-done
-for t in kq; do echo "== $t"; grep -E "Duration|DRAM Throughput|SM Active Cycles|Elapsed Cycles|Issued Warp|inst_executed.sum|stalled_(not_selected|short|long|wait|math|no_inst|branch|dispatch|mio)|No Eligible|Achieved Occ|bytes_(read|write)" $OUT/ncu-$t.txt | sed "s/  */ /g" | head -44; done

@@ -1,27 +1,45 @@
-import re,sys
-# hot instruction count of rr_quantize_rot256's loop: the loop minus the encode path and the inf path
-lines=[l for l in open(sys.argv[1])]
-ins=[]
-for l in lines:
-    m=re.match(r'\s+/\*([0-9a-f]+)\*/\s+(.*?);',l)
-    if m: ins.append((int(m.group(1),16),m.group(2).strip()))
-back=[(a,int(re.search(r'BRA (0x[0-9a-f]+)',t).group(1),16)) for a,t in ins if re.search(r'BRA (0x[0-9a-f]+)',t) and int(re.search(r'BRA (0x[0-9a-f]+)',t).group(1),16)<a]
-end,start=max(back,key=lambda x:x[0]-x[1])
-cold=[]
-for i,(a,t) in enumerate(ins):
-    if not (start<=a<=end): continue
-    if 'VOTE.ANY' in t:
-        a2,t2=ins[i+1]; tgt=int(re.search(r'BRA (0x[0-9a-f]+)',t2).group(1),16); cold.append((a2+16,tgt))
-    m=re.search(r'BRA P\d, (0x[0-9a-f]+)',t)
-    if m:
-        tgt=int(m.group(1),16)
-        # encode path: after this branch up to the last unconditional BRA before tgt
-        prev=[x for x,y in ins if a<x<tgt and re.match(r'BRA 0x',y)]
-        cold.append((a+16,max(prev)+16))
+"""Instructions of rr_quantize_rot256's grid-stride loop in a SASS listing (cuobjdump -sass
+of one kernel), without its cold paths: the encode path (taken past a predicated `BRA P, X`
+up to the last plain `BRA` before X) and the inf path (the branch after `VOTE.ANY`).
+
+    python3 sass_loop_count.py kernel.sass
+"""
+import re
+import sys
 from collections import Counter
-c=Counter()
-for a,t in ins:
-    if start<=a<=end and not any(x<=a<y for x,y in cold):
-        op=re.sub(r'^@!?U?P\w+\s+','',t).split()[0].split('.')[0]; c[op]+=1
-print('loop',hex(start),hex(end),'cold',[(hex(x),hex(y)) for x,y in cold],'hot',sum(c.values()))
-print(sorted(c.items(),key=lambda x:-x[1]))
+
+BRANCH = re.compile(r"BRA (0x[0-9a-f]+)")
+
+
+def instructions(path: str) -> list[tuple[int, str]]:
+    with open(path) as f:
+        found = (re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line) for line in f)
+        return [(int(m.group(1), 16), m.group(2).strip()) for m in found if m]
+
+
+def main(path: str) -> None:
+    ins = instructions(path)
+    back = [(at, int(m.group(1), 16)) for at, text in ins
+            if (m := BRANCH.search(text)) and int(m.group(1), 16) < at]
+    end, start = max(back, key=lambda b: b[0] - b[1])  # the longest backward branch
+    cold = []
+    for i, (at, text) in enumerate(ins):
+        if not start <= at <= end:
+            continue
+        if "VOTE.ANY" in text:
+            after, branch = ins[i + 1]
+            cold.append((after + 16, int(BRANCH.search(branch).group(1), 16)))  # type: ignore[union-attr]
+        if m := re.search(r"BRA P\d, (0x[0-9a-f]+)", text):
+            target = int(m.group(1), 16)
+            plain = [a for a, t in ins if at < a < target and re.match(r"BRA 0x", t)]
+            cold.append((at + 16, max(plain) + 16))
+    ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+                  for at, text in ins
+                  if start <= at <= end and not any(a <= at < b for a, b in cold))
+    print("loop", hex(start), hex(end), "cold", [(hex(a), hex(b)) for a, b in cold],
+          "hot", sum(ops.values()))
+    print(ops.most_common())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

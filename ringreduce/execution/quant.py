@@ -225,8 +225,13 @@ def forward_passes(block: int) -> tuple[int, ...]:
     them in each lane's registers, where 16 consecutive codes pack without another trip
     through shared memory (rotate_back's order stays 1 .. 128: its kernel starts from the
     packed codes)."""
-    strides = tuple(1 << b for b in range(block.bit_length() - 1))
+    strides = _strides(block)
     return strides[4:] + strides[:4] if block == 256 else strides
+
+
+def _strides(block: int) -> tuple[int, ...]:
+    """h = 1, 2, .., block/2: every butterfly stride of a block, smallest first."""
+    return tuple(1 << b for b in range(block.bit_length() - 1))
 
 
 def rotate_back(y: torch.Tensor, block: int) -> None:
@@ -236,20 +241,19 @@ def rotate_back(y: torch.Tensor, block: int) -> None:
     -0 into +0."""
     rows, k = y.shape
     _, back = signs(block, y.device)
-    x = _walsh_hadamard(y.reshape(-1, block)).view(rows, k // block, block)
+    x = _walsh_hadamard(y.reshape(-1, block), _strides(block)).view(rows, k // block, block)
     out = y.view(rows, k // block, block)
     torch.mul(x, back, out=out)
     out.add_(0.0)  # -0 (a zero times a negative sign) -> +0: zeros come back as zeros
 
 
-def _walsh_hadamard(x: torch.Tensor, passes: tuple[int, ...] | None = None) -> torch.Tensor:
-    """(N, B) -> H x per row, unnormalized, in log2(B) butterfly passes, by default h = 1,
-    2, .., B/2: (x[i], x[i+h]) -> (x[i] + x[i+h], x[i] - x[i+h]) for i with bit h clear.
-    Any order gives H x; each is one fixed order of fp32 adds, which the kernels repeat
-    (``forward_passes``)."""
+def _walsh_hadamard(x: torch.Tensor, passes: tuple[int, ...]) -> torch.Tensor:
+    """(N, B) -> H x per row, unnormalized, in log2(B) butterfly passes of strides
+    ``passes``: (x[i], x[i+h]) -> (x[i] + x[i+h], x[i] - x[i+h]) for i with bit h clear.
+    Any order gives H x; each is one fixed order of fp32 adds, which the kernels repeat."""
     n, block = x.shape
     src, dst = x.contiguous(), torch.empty_like(x)
-    for h in passes or tuple(1 << b for b in range(block.bit_length() - 1)):
+    for h in passes:
         a = src.view(n, block // (2 * h), 2, h)
         out = dst.view(n, block // (2 * h), 2, h)
         torch.add(a[:, :, 0], a[:, :, 1], out=out[:, :, 0])

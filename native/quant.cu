@@ -474,8 +474,8 @@ __device__ __forceinline__ void store_codes_a(const unsigned (&c)[16], unsigned 
 }
 
 // The last Walsh-Hadamard pass of rr_quantize_rot256 (h = 8 in layout A: registers j,
-// j + 8) and the lane's max-abs of its results: max(|a + b|, |a - b|) rounded is RN(|a| + |b|)
-// (one of the two is |a| + |b| exactly; rounding is monotone and odd), one add a pair
+// j + 8) and the lane's max-abs of its results: max(|a + b|, |a - b|) rounded is
+// RN(|a| + |b|) (one of the two is |a| + |b| exactly; rounding is monotone and odd), one add a pair
 // instead of an and and a max a value. Not where that add is inf: a nan the pass made
 // (inf - inf) would be missed, so the caller takes nan_max over the values then.
 __device__ __forceinline__ float last_pass_maxabs(float (&v)[16]) {

@@ -164,13 +164,13 @@ __device__ __forceinline__ int gauss4_code_cut(float v, const Gauss4Cuts& k) {
 // lies inside one bucket, at least 13/2048 of the scale from its edges (973 against 960), so
 // a bucket holds one at most, and a value's code is the entry's code0, or its code1 when v
 // is above that threshold's cut: one lookup and one compare a value instead of
-// gauss4_code_cut's three compares and six selects, the same codes. The bucket comes from a
-// rounded reciprocal and an fma, within 8/2048 of the scale (gauss4_bucket; each entry's
+// gauss4_code_cut's three compares and six selects, the same codes. The bucket comes from an
+// approximate reciprocal and an fma, within 8/2048 of the scale (gauss4_bucket; each entry's
 // range is widened by that much); the decision stays the cut's exact integer compare, on
 // v's own bits (a negative bucket's cut carries the sign bit, since every v there is
 // negative). Entries without a threshold never pass their compare (cut 0xffffffff). Kept to
-// scales >= 2^-100 (16 / scale finite, exact enough). tests/test_cpu_wire.py builds the same
-// table against quant.py's division.
+// scales in [2^-100, 2^100) (gauss4_r16). tests/test_cpu_wire.py builds the same table
+// against quant.py's division.
 struct Gauss4Bucket {
     unsigned cut, codes;  // codes: code0 in byte 0, code1 in byte 1
 };
